@@ -1,0 +1,3 @@
+from sglang_overlap.cli.main import main
+
+raise SystemExit(main())

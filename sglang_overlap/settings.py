@@ -1,0 +1,256 @@
+"""The plugin's settings, declared once.
+
+`OverlapSettings` is the single source of truth: the argparse flags, their defaults and their
+`--help` text are generated from its fields, and `validate_settings` checks a value of it against
+the deployment it is used in. Pure Python (no torch, no sglang) so that `sglang-overlap args`,
+the cost model and the tests can use it anywhere.
+
+Three upstream flags keep their SGLang names and meaning (SGLang's own parser defines them; the
+plugin only reads them): --enable-two-batch-overlap, --enable-single-batch-overlap and
+--tbo-token-distribution-threshold. Every other field is a flag this plugin adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+GatingPolicy = Literal["always", "auto"]
+SignalGranularity = Literal["auto", "expert", "block"]
+DownGemmOverlap = Literal["auto", "force", "off"]
+
+HARDWARE_PROFILE_CHOICES = ("auto", "H20", "H800", "H100", "H200", "B200")
+
+
+class SettingsError(ValueError):
+    """A flag value, or a combination of flags, that cannot work. The message names the flags."""
+
+
+@dataclass(frozen=True)
+class OverlapSettings:
+    """Everything the plugin reads from the command line, after parsing."""
+
+    enable_two_batch_overlap: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "Two-batch overlap (TBO): split each batch in two micro-batches and "
+                  "interleave them so one's all-to-all runs while the other computes.",
+                  "upstream": True, "metavar": None},
+    )
+    """--enable-two-batch-overlap (SGLang's flag, same meaning)."""
+
+    enable_single_batch_overlap: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "Single-batch overlap (SBO): shared expert during dispatch-receive and "
+                  "down GEMM overlapped with combine-send.", "upstream": True, "metavar": None},
+    )
+    """--enable-single-batch-overlap (SGLang's flag, same meaning; works on Hopper with the plugin)."""
+
+    tbo_token_distribution_threshold: float = dataclasses.field(
+        default=0.48,
+        metadata={"help": "Two-chunk threshold t in [0, 0.5]: cut one request in two when the "
+                  "best sequence boundary leaves a micro-batch under t or over 1-t of the tokens; "
+                  "0 disables two-chunk.", "upstream": True, "metavar": "T"},
+    )
+    """--tbo-token-distribution-threshold (SGLang's flag, same meaning)."""
+
+    overlap_gating: GatingPolicy = dataclasses.field(
+        default="always",
+        metadata={"help": "always: run each enabled overlap mode on every eligible step. auto: per "
+                  "step, run the enabled mode the cost model predicts fastest (or none), the same "
+                  "decision on every data-parallel rank.", "upstream": False, "metavar": None},
+    )
+    """--overlap-gating: always on, or chosen per step by the cost model."""
+
+    overlap_hardware_profile: str = dataclasses.field(
+        default="auto",
+        metadata={"help": "Hardware profile for automatic decisions: auto (detect the GPU), one of "
+                  "H20, H800, H100, H200, B200, or a path to a profile JSON file written by "
+                  "benchmarks/calibrate.py.", "upstream": False, "metavar": "PROFILE"},
+    )
+    """--overlap-hardware-profile: GPU name, 'auto', or a calibrated profile file."""
+
+    overlap_gating_hysteresis: float = dataclasses.field(
+        default=0.03,
+        metadata={"help": "With --overlap-gating auto: switch modes only when the new mode is "
+                  "predicted at least this fraction faster than the current one (0 to 0.5).",
+                  "upstream": False, "metavar": "FRACTION"},
+    )
+    """--overlap-gating-hysteresis: relative margin that stops automatic gating from flapping."""
+
+    sbo_combine_num_sms: int = dataclasses.field(
+        default=0,
+        metadata={"help": "SMs given to the combine-send kernel while the down GEMM runs; 0 = "
+                  "default for the GPU (3 on Hopper, 32 on Blackwell, as upstream).",
+                  "upstream": False, "metavar": "N"},
+    )
+    """--sbo-combine-num-sms: SMs reserved for combine-send during the down GEMM (0 = default)."""
+
+    sbo_signal_granularity: SignalGranularity = dataclasses.field(
+        default="auto",
+        metadata={"help": "Unit the down GEMM signals as finished: expert (one counter per local "
+                  "expert; what sgl-deep-ep's combine consumes), block (one counter per "
+                  "(expert, block_m) tile row), or auto (the finest the installed kernels accept).",
+                  "upstream": False, "metavar": None},
+    )
+    """--sbo-signal-granularity: per-expert or per-(expert, block) signals."""
+
+    sbo_down_gemm_overlap: DownGemmOverlap = dataclasses.field(
+        default="auto",
+        metadata={"help": "Down-GEMM/combine-send overlap: auto (when the installed kernels allow "
+                  "it), force (refuse to start without it), off (shared-expert overlap only).",
+                  "upstream": False, "metavar": None},
+    )
+    """--sbo-down-gemm-overlap: force or forbid the down-GEMM/combine overlap."""
+
+    @property
+    def two_chunk_enabled(self) -> bool:
+        return self.enable_two_batch_overlap and self.tbo_token_distribution_threshold > 0
+
+    @property
+    def any_overlap(self) -> bool:
+        return self.enable_two_batch_overlap or self.enable_single_batch_overlap
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> OverlapSettings:
+        """Build from any mapping (an argparse namespace's vars, ServerArgs fields): unknown keys
+        are ignored, missing keys take the default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def _fields() -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(OverlapSettings))
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def plugin_fields() -> list[dataclasses.Field[Any]]:
+    """Fields whose flags the plugin adds (SGLang already has the upstream ones)."""
+    return [f for f in _fields() if not f.metadata["upstream"]]
+
+
+def upstream_fields() -> list[dataclasses.Field[Any]]:
+    return [f for f in _fields() if f.metadata["upstream"]]
+
+
+def _choices(f: dataclasses.Field[Any]) -> tuple[Any, ...] | None:
+    hints = typing.get_type_hints(OverlapSettings)
+    tp = hints[f.name]
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    return None  # free values (a profile may be a file path): validate_settings checks them
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, include_upstream: bool = False) -> None:
+    """Add the plugin's flags (and, for a standalone parser, the upstream ones) to `parser`.
+
+    Flags already on the parser are left alone, so calling this twice is harmless.
+    """
+    existing = set(parser._option_string_actions)  # noqa: SLF001 - argparse has no public view
+    group = parser.add_argument_group(
+        "sglang-overlap", "MoE communication/computation overlap (plugin sglang-overlap)"
+    )
+    hints = typing.get_type_hints(OverlapSettings)
+    for f in _fields():
+        if f.metadata["upstream"] and not include_upstream:
+            continue
+        name = flag_name(f.name)
+        if name in existing:
+            continue
+        default = f.default
+        help_text = f"{f.metadata['help']} (default: {default})"
+        if hints[f.name] is bool:
+            group.add_argument(name, action="store_true", default=default, help=help_text)
+            continue
+        kind: Any = hints[f.name] if hints[f.name] in (int, float, str) else str
+        group.add_argument(
+            name, type=kind, default=default, choices=_choices(f), help=help_text,
+            metavar=f.metadata["metavar"],
+        )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The facts about the server that validation needs (read from SGLang's resolved args)."""
+
+    moe_a2a_backend: str = "none"
+    """--moe-a2a-backend as resolved by SGLang."""
+    ep_size: int = 1
+    attn_dp_size: int = 1
+    deepep_mode: str = "auto"
+    disaggregation_mode: str = "null"
+    extra_a2a_backends: Sequence[str] = ()
+    """a2a backends the plugin itself provides (registered by the glue)."""
+
+
+def validate_settings(s: OverlapSettings, d: Deployment) -> list[str]:
+    """Raise SettingsError naming the flags when `s` cannot work in `d`. Return warnings."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    t = s.tbo_token_distribution_threshold
+    if not 0.0 <= t <= 0.5:
+        errors.append(f"--tbo-token-distribution-threshold must be in [0, 0.5] (got {t})")
+    h = s.overlap_gating_hysteresis
+    if not 0.0 <= h <= 0.5:
+        errors.append(f"--overlap-gating-hysteresis must be in [0, 0.5] (got {h})")
+    if s.sbo_combine_num_sms < 0:
+        errors.append(f"--sbo-combine-num-sms must be >= 0 (got {s.sbo_combine_num_sms})")
+    profile = s.overlap_hardware_profile
+    if profile not in HARDWARE_PROFILE_CHOICES and not profile.endswith(".json"):
+        errors.append(
+            f"--overlap-hardware-profile must be one of {', '.join(HARDWARE_PROFILE_CHOICES)} or a "
+            f"path to a .json profile (got {profile!r})"
+        )
+    has_a2a = d.moe_a2a_backend not in ("none", "", None)
+    if s.enable_single_batch_overlap and not has_a2a:
+        errors.append(
+            "--enable-single-batch-overlap needs an expert-parallel all-to-all backend: "
+            f"--moe-a2a-backend deepep or torch_a2a (got {d.moe_a2a_backend})"
+        )
+    if s.enable_two_batch_overlap and not has_a2a and d.attn_dp_size <= 1:
+        errors.append(
+            "--enable-two-batch-overlap needs --moe-a2a-backend deepep or torch_a2a, or "
+            f"attention data parallelism (got --moe-a2a-backend {d.moe_a2a_backend}, "
+            f"--attn-dp-size {d.attn_dp_size})"
+        )
+    if s.enable_single_batch_overlap and s.enable_two_batch_overlap and s.overlap_gating == "always":
+        warnings.append(
+            "--enable-single-batch-overlap with --enable-two-batch-overlap and --overlap-gating "
+            "always: TBO steps run without SBO (as upstream); SBO applies to steps TBO skips"
+        )
+    if not s.enable_single_batch_overlap:
+        sbo_only = {
+            "--sbo-down-gemm-overlap": s.sbo_down_gemm_overlap != "auto",
+            "--sbo-signal-granularity": s.sbo_signal_granularity != "auto",
+            "--sbo-combine-num-sms": s.sbo_combine_num_sms != 0,
+        }
+        for flag, set_ in sbo_only.items():
+            if set_:
+                errors.append(f"{flag} needs --enable-single-batch-overlap")
+    if s.sbo_down_gemm_overlap == "off" and s.sbo_signal_granularity != "auto":
+        errors.append(
+            f"--sbo-signal-granularity {s.sbo_signal_granularity} contradicts "
+            "--sbo-down-gemm-overlap off (no signals are produced without the overlap)"
+        )
+    if s.sbo_down_gemm_overlap == "off" and s.sbo_combine_num_sms != 0:
+        errors.append(
+            "--sbo-combine-num-sms contradicts --sbo-down-gemm-overlap off "
+            "(combine-send gets its own SMs only while the down GEMM runs)"
+        )
+    if s.overlap_gating == "auto" and not s.any_overlap:
+        errors.append(
+            "--overlap-gating auto needs at least one of --enable-two-batch-overlap, "
+            "--enable-single-batch-overlap"
+        )
+    if errors:
+        raise SettingsError("sglang-overlap: " + "; ".join(errors))
+    return warnings
