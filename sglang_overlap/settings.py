@@ -47,7 +47,7 @@ class OverlapSettings:
         metadata={"help": "Single-batch overlap (SBO): shared expert during dispatch-receive and "
                   "down GEMM overlapped with combine-send.", "upstream": True, "metavar": None},
     )
-    """--enable-single-batch-overlap (SGLang's flag, same meaning; works on Hopper with the plugin)."""
+    """--enable-single-batch-overlap (SGLang's flag, same meaning; Hopper works with the plugin)."""
 
     tbo_token_distribution_threshold: float = dataclasses.field(
         default=0.48,
@@ -150,10 +150,13 @@ def _choices(f: dataclasses.Field[Any]) -> tuple[Any, ...] | None:
     return None  # free values (a profile may be a file path): validate_settings checks them
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, include_upstream: bool = False) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, *, include_upstream: bool = False, defaults: bool = True
+) -> None:
     """Add the plugin's flags (and, for a standalone parser, the upstream ones) to `parser`.
 
-    Flags already on the parser are left alone, so calling this twice is harmless.
+    Flags already on the parser are left alone, so calling this twice is harmless. With
+    `defaults=False` a flag not given is absent from the namespace (to overlay explicit values).
     """
     existing = set(parser._option_string_actions)  # noqa: SLF001 - argparse has no public view
     group = parser.add_argument_group(
@@ -166,8 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, include_upstream: bool = F
         name = flag_name(f.name)
         if name in existing:
             continue
-        default = f.default
-        help_text = f"{f.metadata['help']} (default: {default})"
+        default = f.default if defaults else argparse.SUPPRESS
+        help_text = f"{f.metadata['help']} (default: {f.default})"
         if hints[f.name] is bool:
             group.add_argument(name, action="store_true", default=default, help=help_text)
             continue
@@ -222,7 +225,8 @@ def validate_settings(s: OverlapSettings, d: Deployment) -> list[str]:
             f"attention data parallelism (got --moe-a2a-backend {d.moe_a2a_backend}, "
             f"--attn-dp-size {d.attn_dp_size})"
         )
-    if s.enable_single_batch_overlap and s.enable_two_batch_overlap and s.overlap_gating == "always":
+    both = s.enable_single_batch_overlap and s.enable_two_batch_overlap
+    if both and s.overlap_gating == "always":
         warnings.append(
             "--enable-single-batch-overlap with --enable-two-batch-overlap and --overlap-gating "
             "always: TBO steps run without SBO (as upstream); SBO applies to steps TBO skips"

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("sglang_overlap.cli.plan", "predict each overlap mode's time for a deployment"),
     "check": ("sglang_overlap.cli.check", "readiness report for this machine and these flags"),
-    "args": ("sglang_overlap.cli.args", "print the plugin's server flags (sglang serve --help omits them)"),
-    "launch": ("sglang_overlap.cli.launch", "start prefill/decode servers and the router from a config"),
+    "args": ("sglang_overlap.cli.args", "print the plugin's server flags"),
+    "launch": ("sglang_overlap.cli.launch", "start prefill/decode servers + router from a config"),
     "gsm8k": ("sglang_overlap.cli.gsm8k", "few-shot GSM8K accuracy against a running server"),
 }
 

@@ -1,0 +1,147 @@
+"""The plugin's flags on SGLang 0.5.23's real parser, carried to workers on the pickled record."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
+
+from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
+from sglang_overlap.sglang.args import (  # noqa: E402
+    SETTINGS_ATTR,
+    parse_server_args,
+    settings_of,
+)
+
+MODEL = ["--model-path", "/nonexistent/tiny-dsv3"]
+
+
+def test_serve_argv_with_plugin_flags_parses_and_survives_pickling() -> None:
+    server_args, settings = parse_server_args([
+        *MODEL, "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep",
+        "--overlap-gating", "auto", "--sbo-signal-granularity", "expert",
+        "--sbo-combine-num-sms", "4", "--overlap-hardware-profile", "H20",
+    ])
+    assert settings.enable_single_batch_overlap and settings.overlap_gating == "auto"
+    assert server_args.enable_single_batch_overlap  # SGLang's own field, same meaning
+    # Scheduler subprocesses receive a pickled ServerArgs (multiprocessing spawn).
+    clone = pickle.loads(pickle.dumps(server_args))
+    assert settings_of(clone) == settings
+    assert getattr(clone, SETTINGS_ATTR).sbo_combine_num_sms == 4
+    assert clone.moe_a2a_backend == "deepep"
+
+
+def test_no_plugin_flags_means_upstream_defaults() -> None:
+    server_args, settings = parse_server_args(MODEL)
+    assert settings == OverlapSettings()
+    assert not server_args.enable_two_batch_overlap
+
+
+def test_upstream_threshold_flag_is_read() -> None:
+    _, settings = parse_server_args([
+        *MODEL, "--enable-two-batch-overlap", "--moe-a2a-backend", "deepep",
+        "--tbo-token-distribution-threshold", "0",
+    ])
+    assert settings.enable_two_batch_overlap and not settings.two_chunk_enabled
+
+
+def test_plugin_a2a_backend_is_a_parser_choice() -> None:
+    server_args, settings = parse_server_args([
+        *MODEL, "--tp", "2", "--enable-two-batch-overlap", "--moe-a2a-backend", "torch_a2a",
+    ])
+    assert settings.enable_two_batch_overlap
+    assert server_args.moe_a2a_backend == "torch_a2a"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--enable-single-batch-overlap"], "--moe-a2a-backend deepep or torch_a2a (got none)"),
+        (["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep",
+          "--tbo-token-distribution-threshold", "0.75"], "in [0, 0.5] (got 0.75)"),
+        (["--overlap-gating", "auto"], "--overlap-gating auto needs"),
+        (["--sbo-down-gemm-overlap", "force"], "needs --enable-single-batch-overlap"),
+    ],
+)
+def test_invalid_flags_never_reach_serving(argv: list[str], needle: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_server_args([*MODEL, *argv])
+    assert needle in str(info.value)
+
+
+def test_bad_choice_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_server_args([*MODEL, "--sbo-signal-granularity", "tile"])
+    assert "--sbo-signal-granularity" in capsys.readouterr().err
+
+
+def test_registering_twice_is_harmless() -> None:
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_overlap.plugin import register
+
+    load_plugins()
+    before = {k: len(v) for k, v in HookRegistry._hooks.items()}
+    register()
+    register()
+    assert {k: len(v) for k, v in HookRegistry._hooks.items()} == before
+    _, settings = parse_server_args([*MODEL, "--overlap-hardware-profile", "H200"])
+    assert settings.overlap_hardware_profile == "H200"
+
+
+def test_engine_api_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    record = ServerArgs(model_path="/nonexistent", enable_two_batch_overlap=True)
+    monkeypatch.setenv("SGLANG_OVERLAP_ARGS",
+                       "--overlap-gating auto --overlap-hardware-profile H20")
+    settings = settings_of(record)
+    assert settings.enable_two_batch_overlap and settings.overlap_gating == "auto"
+    assert settings.overlap_hardware_profile == "H20"
+    assert settings.tbo_token_distribution_threshold == 0.48
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=240,
+    )
+
+
+PARSE = (
+    "import sys\n"
+    "from sglang.srt.plugins import load_plugins\n"
+    "from sglang.srt.server_args import prepare_server_args\n"
+    "load_plugins()\n"
+    "sa = prepare_server_args(sys.argv[1:] or {argv!r})\n"
+    "print('SETTINGS', getattr(sa, '_sglang_overlap', None))\n"
+)
+
+
+def test_sglang_plugins_whitelist_without_us_disables_the_plugin_cleanly() -> None:
+    env = {"SGLANG_PLUGINS": "cpu_shim"}
+    off = _run(PARSE.format(argv=[*MODEL, "--overlap-gating", "auto"]), env)
+    assert off.returncode == 2 and "unrecognized arguments: --overlap-gating" in off.stderr
+    upstream = _run(PARSE.format(argv=[*MODEL, "--enable-two-batch-overlap",
+                                       "--moe-a2a-backend", "deepep"]), env)
+    assert upstream.returncode == 0, upstream.stderr[-2000:]
+    assert "SETTINGS None" in upstream.stdout
+    on = _run(PARSE.format(argv=[*MODEL, "--overlap-gating", "always"]),
+              {"SGLANG_PLUGINS": "cpu_shim,sglang_overlap"})
+    assert on.returncode == 0 and "overlap_gating='always'" in on.stdout, on.stderr[-2000:]
+
+
+def test_launch_server_help_lists_plugin_flags() -> None:
+    # `python -m sglang.launch_server` loads plugins before parsing; `sglang serve --help` does
+    # not (see `sglang-overlap args`).
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for flag in ("--overlap-gating", "--sbo-down-gemm-overlap", "--overlap-hardware-profile"):
+        assert flag in proc.stdout

@@ -1,0 +1,126 @@
+"""OverlapSettings: flags generated from the dataclass, and validation messages that name flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from sglang_overlap.settings import (
+    Deployment,
+    OverlapSettings,
+    SettingsError,
+    add_arguments,
+    flag_name,
+    plugin_fields,
+    upstream_fields,
+    validate_settings,
+)
+
+DEEPEP = Deployment(moe_a2a_backend="deepep", ep_size=16)
+
+
+def _parse(argv: list[str]) -> OverlapSettings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, include_upstream=True)
+    return OverlapSettings.from_mapping(vars(parser.parse_args(argv)))
+
+
+def test_every_field_has_help_and_a_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, include_upstream=True)
+    for f in dataclasses.fields(OverlapSettings):
+        action = parser._option_string_actions[flag_name(f.name)]
+        assert action.help and len(action.help) > 30, f.name
+        assert action.default == f.default, f.name
+
+
+def test_upstream_names_are_sglangs() -> None:
+    assert {flag_name(f.name) for f in upstream_fields()} == {
+        "--enable-two-batch-overlap",
+        "--enable-single-batch-overlap",
+        "--tbo-token-distribution-threshold",
+    }
+    assert all(flag_name(f.name) not in {"--enable-two-batch-overlap"} for f in plugin_fields())
+
+
+def test_defaults_are_upstream_behaviour() -> None:
+    s = _parse([])
+    assert s == OverlapSettings()
+    assert not s.any_overlap and s.overlap_gating == "always"
+    assert validate_settings(s, Deployment()) == []
+
+
+def test_parse_all_flags() -> None:
+    s = _parse([
+        "--enable-single-batch-overlap", "--overlap-gating", "auto", "--sbo-combine-num-sms", "8",
+        "--sbo-signal-granularity", "block", "--sbo-down-gemm-overlap", "force",
+        "--overlap-hardware-profile", "H20", "--tbo-token-distribution-threshold", "0.3",
+    ])
+    assert s.enable_single_batch_overlap and s.overlap_gating == "auto"
+    assert (s.sbo_combine_num_sms, s.sbo_signal_granularity) == (8, "block")
+    assert s.sbo_down_gemm_overlap == "force" and s.overlap_hardware_profile == "H20"
+    assert s.tbo_token_distribution_threshold == 0.3
+    assert validate_settings(s, DEEPEP) == []
+
+
+def test_choices_come_from_literals() -> None:
+    with pytest.raises(SystemExit):
+        _parse(["--overlap-gating", "sometimes"])
+    with pytest.raises(SystemExit):
+        _parse(["--sbo-signal-granularity", "tile"])
+
+
+def test_add_arguments_twice_is_harmless() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    add_arguments(parser)
+    assert parser.parse_args(["--overlap-gating", "auto"]).overlap_gating == "auto"
+
+
+@pytest.mark.parametrize(
+    ("changes", "deploy", "needle"),
+    [
+        ({"tbo_token_distribution_threshold": 0.7}, DEEPEP, "--tbo-token-distribution-threshold"),
+        ({"tbo_token_distribution_threshold": -0.1}, DEEPEP, "got -0.1"),
+        ({"enable_single_batch_overlap": True}, Deployment(), "--moe-a2a-backend deepep"),
+        ({"enable_two_batch_overlap": True}, Deployment(), "--enable-two-batch-overlap needs"),
+        ({"overlap_gating_hysteresis": 0.9, "enable_two_batch_overlap": True}, DEEPEP,
+         "--overlap-gating-hysteresis"),
+        ({"sbo_combine_num_sms": -1, "enable_single_batch_overlap": True}, DEEPEP, ">= 0"),
+        ({"sbo_down_gemm_overlap": "force"}, DEEPEP,
+         "--sbo-down-gemm-overlap needs --enable-single-batch-overlap"),
+        ({"enable_single_batch_overlap": True, "sbo_down_gemm_overlap": "off",
+          "sbo_signal_granularity": "block"}, DEEPEP, "contradicts --sbo-down-gemm-overlap off"),
+        ({"enable_single_batch_overlap": True, "sbo_down_gemm_overlap": "off",
+          "sbo_combine_num_sms": 4}, DEEPEP, "--sbo-combine-num-sms contradicts"),
+        ({"overlap_gating": "auto"}, DEEPEP, "--overlap-gating auto needs"),
+        ({"overlap_hardware_profile": "A100"}, DEEPEP, "--overlap-hardware-profile"),
+    ],
+)
+def test_invalid_combinations_name_the_flags(
+    changes: dict, deploy: Deployment, needle: str
+) -> None:
+    s = dataclasses.replace(OverlapSettings(), **changes)
+    with pytest.raises(SettingsError) as info:
+        validate_settings(s, deploy)
+    assert needle in str(info.value), f"{changes=} {info.value=}"
+
+
+def test_tbo_with_attention_dp_needs_no_a2a() -> None:
+    s = OverlapSettings(enable_two_batch_overlap=True)
+    assert validate_settings(s, Deployment(attn_dp_size=2)) == []
+
+
+def test_tbo_and_sbo_together_warn() -> None:
+    s = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True)
+    (warning,) = validate_settings(s, DEEPEP)
+    assert "TBO steps run without SBO" in warning
+
+
+def test_two_chunk_enabled() -> None:
+    assert OverlapSettings(enable_two_batch_overlap=True).two_chunk_enabled
+    assert not OverlapSettings(enable_two_batch_overlap=True,
+                               tbo_token_distribution_threshold=0.0).two_chunk_enabled
+    assert not OverlapSettings().two_chunk_enabled
