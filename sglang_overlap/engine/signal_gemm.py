@@ -1,0 +1,218 @@
+"""Signal-emitting fp8 down GEMM for single-batch overlap (SBO) on Hopper.
+
+Two ways to tell a combine-send consumer which output units are final while the GEMM still runs:
+
+1. Fused (this file's Triton kernel): an fp8 grouped masked GEMM with DeepGEMM's block-scale recipe
+   (1x128 activation, 128x128 weight scales) that, after storing each output tile, bumps the
+   tile's counter with a gpu-scope *release* atomic. Per-block form: one int32 counter per
+   (expert, block_m) row block, final at `n_tiles`. Per-expert form (what sgl-deep-ep 0.1.2.post1's
+   `low_latency_combine(overlap=True, src_signals=..., src_signal_expect_value=...)` reads): one
+   uint32 counter per expert, final at `blocks_per_expert * n_tiles`; tiles past masked_m bump too,
+   so an expert with zero tokens still reaches its value and nothing waits forever.
+2. Sliced (engine/deepgemm.py): unmodified DeepGEMM launched on slices of experts, each followed on
+   the same stream by `write_slice_signal`, which stores the final value for the slice's units.
+
+Both forms and values come from `planning.sbo_layout.SboLayout`. Triton is imported lazily.
+
+Legend: E local experts, M capacity rows per expert, K reduction dim, N output dim (hidden).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang_overlap.planning.sbo_layout import SboLayout
+
+BLOCK_K = 128  # = the scale group: one activation and one weight scale per K step
+
+
+@dataclass(frozen=True)
+class SignalGemmConfig:
+    """Tile shape and launch shape of the fused kernel."""
+
+    block_m: int = 64
+    """Rows of one tile; also the per-block signal's row block."""
+    block_n: int = 128
+    """Columns of one tile (divides 128 or is a multiple of it)."""
+    num_warps: int = 4
+    num_stages: int = 4
+    ctas_per_sm: int = 2
+    """Persistent programs per SM the GEMM may use."""
+
+
+def default_config(expected_m: int) -> SignalGemmConfig:
+    """Tile choice by the expected rows per expert (memory-bound below ~64 rows)."""
+    if expected_m <= 64:
+        return SignalGemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
+    return SignalGemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, ctas_per_sm=1)
+
+
+def plan_expert_slices(num_local_experts: int, slice_experts: int) -> tuple[tuple[int, int], ...]:
+    """Expert ranges [start, end) for the sliced path, in launch (= signal) order."""
+    if num_local_experts < 1:
+        raise ValueError(f"num_local_experts must be >= 1 (got {num_local_experts})")
+    if not 1 <= slice_experts <= num_local_experts:
+        raise ValueError(f"slice_experts must be in [1, num_local_experts={num_local_experts}] "
+                         f"(got {slice_experts})")
+    return tuple((s, min(s + slice_experts, num_local_experts))
+                 for s in range(0, num_local_experts, slice_experts))
+
+
+def slice_signal_range(layout: SboLayout, start: int, end: int) -> tuple[int, int]:
+    """Signal indices [lo, hi) that cover experts [start, end) in `layout`'s form."""
+    if layout.granularity == "expert":
+        return start, end
+    last = layout.signal_index(end - 1, layout.blocks_per_expert - 1)
+    return layout.signal_index(start, 0), last + 1
+
+
+def new_signal(layout: SboLayout, device: torch.device | str) -> torch.Tensor:
+    """Zeroed counters in `layout`'s shape and dtype (uint32 per expert, int32 per block)."""
+    dtype = torch.uint32 if layout.signal_dtype == "uint32" else torch.int32
+    return torch.zeros(layout.signal_shape, dtype=dtype, device=device)
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernels() -> dict[str, Any]:
+    if _KERNELS:
+        return _KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, d_ptr, masked_m_ptr, sig_ptr,
+                    m_cap, n, k, num_units, blocks_per_expert, n_tiles, num_progs,
+                    s_ae, s_am, s_ase, s_asm, s_asg, s_be, s_bn, s_bse, s_bsn, s_bsg, s_de, s_dm,
+                    SIGNAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+        # tile t -> (expert, n tile, m block), m innermost: the m blocks that share a weight tile
+        # run side by side and hit it in L2; experts finish in order.
+        tiles_per_expert = blocks_per_expert * n_tiles
+        for t in range(tl.program_id(0), num_units, num_progs):
+            e = t // tiles_per_expert
+            rem = t % tiles_per_expert
+            nt = rem // blocks_per_expert
+            mb = rem % blocks_per_expert
+            m_valid = tl.minimum(tl.load(masked_m_ptr + e), m_cap)
+            offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs_k = tl.arange(0, BLOCK_K)
+            row_ok = offs_m < m_valid
+            col_ok = offs_n < n
+            # an empty tile runs no K steps but still stores nothing and signals
+            k_steps = tl.where(mb * BLOCK_M < m_valid, k // BLOCK_K, 0)
+            a_ptrs = a_ptr + e * s_ae + offs_m[:, None] * s_am + offs_k[None, :]
+            b_ptrs = b_ptr + e * s_be + offs_n[None, :] * s_bn + offs_k[:, None]
+            as_ptrs = as_ptr + e * s_ase + offs_m * s_asm
+            bs_ptrs = bs_ptr + e * s_bse + (offs_n // 128) * s_bsn
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kk in range(0, k_steps):
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)  # [BM, BK] fp8
+                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)  # [BK, BN] fp8
+                sa = tl.load(as_ptrs + kk * s_asg, mask=row_ok, other=0.0)  # [BM]
+                sb = tl.load(bs_ptrs + kk * s_bsg, mask=col_ok, other=0.0)  # [BN]
+                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K
+            d_ptrs = d_ptr + e * s_de + offs_m[:, None] * s_dm + offs_n[None, :]
+            tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+            if SIGNAL != 0:
+                # every thread's stores precede the barrier; the release atomic (one thread)
+                # publishes them at gpu scope (cumulativity through bar.sync)
+                tl.debug_barrier()
+                if SIGNAL == 1:
+                    idx = e * blocks_per_expert + mb
+                else:
+                    idx = e
+                tl.atomic_add(sig_ptr + idx, 1, sem="release", scope="gpu")
+
+    @triton.jit
+    def store_signal_kernel(sig_ptr, lo, hi, value, BLOCK: tl.constexpr):
+        offs = lo + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.atomic_xchg(sig_ptr + offs, value, mask=offs < hi, sem="release", scope="gpu")
+
+    _KERNELS["gemm"] = gemm_kernel
+    _KERNELS["store_signal"] = store_signal_kernel
+    return _KERNELS
+
+
+def num_sms(device: torch.device | str | None = None) -> int:
+    """Multiprocessor count of `device` (the current CUDA device by default)."""
+    return int(torch.cuda.get_device_properties(device or torch.cuda.current_device())
+               .multi_processor_count)
+
+
+def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                            b_scale: torch.Tensor, masked_m: torch.Tensor, out: torch.Tensor, *,
+                            config: SignalGemmConfig, signal: torch.Tensor | None = None,
+                            layout: SboLayout | None = None, num_programs: int | None = None
+                            ) -> None:
+    """out[e, :masked_m[e]] = (a[e] * a_scale) @ (b[e] * b_scale)^T in fp32, stored as out.dtype.
+
+    a: `[E, M, K]` fp8 (K contiguous); a_scale: `[E, M, K/128]` fp32, any strides;
+    b: `[E, N, K]` fp8 (K contiguous); b_scale: `[E, ceil(N/128), K/128]` fp32;
+    masked_m: `[E]` int32 valid rows; out: `[E, M, N]` bf16 (N contiguous), rows past masked_m
+    untouched. With `signal` (from `new_signal(layout)`, zeroed), each tile bumps its unit's
+    counter after its store. `num_programs` caps the persistent grid (SMs left for a consumer).
+    """
+    e, m_cap, k = a.shape
+    n = b.shape[1]
+    if k % BLOCK_K or b.shape != (e, n, k) or out.shape != (e, m_cap, n):
+        raise ValueError(f"shapes do not match [E, M, K] x [E, N, K] -> [E, M, N] with "
+                         f"K % 128 == 0 (got a={tuple(a.shape)} b={tuple(b.shape)} "
+                         f"out={tuple(out.shape)})")
+    if a.stride(-1) != 1 or b.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("a, b and out need a contiguous last dimension")
+    if not (128 % config.block_n == 0 or config.block_n % 128 == 0):
+        raise ValueError(f"block_n must divide 128 or be a multiple of it (got {config.block_n})")
+    blocks = -(-m_cap // config.block_m)
+    n_tiles = -(-n // config.block_n)
+    mode = 0
+    if signal is not None:
+        if layout is None:
+            raise ValueError("a signal buffer needs its SboLayout")
+        _check_layout(layout, e, m_cap, n, config, blocks, n_tiles)
+        mode = 1 if layout.granularity == "block" else 2
+        if signal.shape != layout.signal_shape:
+            raise ValueError(f"signal shape {tuple(signal.shape)} != layout {layout.signal_shape}")
+        signal = signal.view(torch.int32)
+    units = e * blocks * n_tiles
+    progs = units if num_programs is None else max(1, min(units, num_programs))
+    if units == 0:
+        return
+    _kernels()["gemm"][(progs,)](
+        a, a_scale, b, b_scale, out, masked_m, signal if signal is not None else masked_m,
+        m_cap, n, k, units, blocks, n_tiles, progs,
+        a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1), a_scale.stride(2),
+        b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2),
+        out.stride(0), out.stride(1),
+        SIGNAL=mode, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK_K,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _check_layout(layout: SboLayout, e: int, m_cap: int, n: int, config: SignalGemmConfig,
+                  blocks: int, n_tiles: int) -> None:
+    want = {"num_local_experts": e, "capacity": m_cap, "hidden": n, "block_m": config.block_m,
+            "block_n": config.block_n, "blocks_per_expert": blocks, "n_tiles": n_tiles}
+    got = {key: getattr(layout, key) for key in want}
+    if got != want:
+        raise ValueError(f"SboLayout does not match the GEMM: layout {got}, GEMM {want}")
+
+
+def write_slice_signal(signal: torch.Tensor, layout: SboLayout, start: int, end: int) -> None:
+    """Mark experts [start, end) final: store `layout.expect_value` into their counters (release).
+
+    Issued on the GEMM's stream right after the slice's GEMM, so stream order makes the slice's
+    output visible before the store.
+    """
+    lo, hi = slice_signal_range(layout, start, end)
+    block = 128
+    grid = (-(-(hi - lo) // block),)
+    _kernels()["store_signal"][grid](signal.view(torch.int32), lo, hi, layout.expect_value,
+                                     BLOCK=block, num_warps=1)

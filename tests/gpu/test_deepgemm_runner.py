@@ -1,0 +1,160 @@
+"""GPU: the DeepGEMM expert runners (engine/deepgemm.py) for both DeepEP layouts, and the sliced
+signal path on unmodified DeepGEMM. Skipped without CUDA or deep_gemm.
+
+DeepGEMM JIT-compiles one kernel per (N, K, groups, tiling), so the shapes here are few and fixed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+FP8_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def dg():
+    pytest.importorskip("deep_gemm")
+    from sglang_overlap.engine import deepgemm
+
+    return deepgemm.api()
+
+
+def _calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    denom = float((x * x + y * y).sum())
+    return 0.0 if denom == 0 else 1.0 - 2.0 * float((x * y).sum()) / denom
+
+
+def _weights(e: int, n: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn((e, n, k), generator=gen, device="cuda") / math.sqrt(k)
+
+
+def test_api_is_detected(dg) -> None:
+    assert dg.flavour in ("grouped", "legacy"), dg
+    assert dg.mk_alignment in (64, 128, 256), dg
+    assert not dg.native_signal, "a DeepGEMM with a native signal GEMM: use it instead"
+
+
+def test_masked_gemm_matches_fp64(dg) -> None:
+    from sglang_overlap.engine import deepgemm, fp8
+
+    e, m_cap, n, k = 4, 128, 7168, 2048
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn((e, m_cap, k), generator=gen, device="cuda", dtype=torch.bfloat16)
+    a, a_s = fp8.quant_per_token_group(x)
+    b, b_s = fp8.quant_per_block(_weights(e, n, k, 2))
+    masked = torch.tensor([128, 0, 37, 64], dtype=torch.int32, device="cuda")
+    out = torch.full((e, m_cap, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, expected_m=64)
+    torch.cuda.synchronize()
+    want = torch.bmm(fp8.dequant_per_token_group(a, a_s),
+                     fp8.dequant_per_block(b, b_s).transpose(1, 2))
+    valid = torch.arange(m_cap, device="cuda")[None, :] < masked[:, None]
+    diff = _calc_diff(out[valid], want[valid])
+    assert not bool(out[valid].isnan().any()) and diff < FP8_TOL, f"{diff=} {dg.version=}"
+
+
+def test_fused_signal_gemm_agrees_with_deepgemm(dg) -> None:
+    from sglang_overlap.engine import deepgemm, fp8
+    from sglang_overlap.engine.signal_gemm import default_config, grouped_gemm_fp8_signal
+
+    e, m_cap, n, k = 8, 64, 7168, 2048
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn((e, m_cap, k), generator=gen, device="cuda", dtype=torch.bfloat16)
+    a, a_s = fp8.quant_per_token_group(x)
+    b, b_s = fp8.quant_per_block(_weights(e, n, k, 4))
+    masked = torch.full((e,), m_cap, dtype=torch.int32, device="cuda")
+    ref = torch.empty((e, m_cap, n), dtype=torch.bfloat16, device="cuda")
+    got = torch.empty_like(ref)
+    deepgemm.masked_gemm(a, a_s, b, b_s, ref, masked, expected_m=m_cap)
+    grouped_gemm_fp8_signal(a, a_s, b, b_s, masked, got, config=default_config(m_cap))
+    torch.cuda.synchronize()
+    assert _calc_diff(got, ref) < 1e-4
+
+
+def test_contiguous_gemm_matches_fp64(dg) -> None:
+    from sglang_overlap.engine import deepgemm, fp8
+
+    e, n, k = 4, 4096, 2048
+    counts = [130, 0, 7, 256]
+    align = dg.mk_alignment
+    padded = [-(-c // align) * align for c in counts]
+    pieces = [torch.where(torch.arange(p) < c, i, -1)
+              for i, (c, p) in enumerate(zip(counts, padded, strict=True))]
+    m_indices = torch.cat(pieces).int().cuda()
+    t = m_indices.numel()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a, a_s = fp8.quant_per_token_group(
+        torch.randn((t, k), generator=gen, device="cuda", dtype=torch.bfloat16))
+    b, b_s = fp8.quant_per_block(_weights(e, n, k, 6))
+    out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    deepgemm.contiguous_gemm(a, a_s, b, b_s, out, m_indices)
+    torch.cuda.synchronize()
+    da, db = fp8.dequant_per_token_group(a, a_s), fp8.dequant_per_block(b, b_s)
+    valid = m_indices >= 0
+    want = torch.einsum("tk,tnk->tn", da[valid], db[m_indices[valid].long()])
+    diff = _calc_diff(out[valid], want)
+    assert not bool(out[valid].isnan().any()) and diff < FP8_TOL, f"{diff=}"
+
+
+@pytest.mark.parametrize("layout_kind", ["low_latency", "normal"])
+def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
+    """up GEMM -> SiLU-and-mul + fp8 quant -> down GEMM against an fp64 SwiGLU on the same fp8
+    weights and inputs (the fp8 intermediate adds one quantisation, hence the looser bound)."""
+    from sglang_overlap.engine import deepgemm, fp8
+
+    e, m_cap, hidden, inter = 4, 64, 2048, 512
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    weights = deepgemm.Fp8ExpertWeights.quantize(_weights(e, 2 * inter, hidden, 7),
+                                                 _weights(e, hidden, inter, 8))
+    x = torch.randn((e, m_cap, hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
+    xq, xs = fp8.quant_per_token_group(x)
+    w13 = fp8.dequant_per_block(weights.w13, weights.w13_scale)
+    w2 = fp8.dequant_per_block(weights.w2, weights.w2_scale)
+    up = torch.bmm(fp8.dequant_per_token_group(xq, xs), w13.transpose(1, 2))
+    gate, upv = up.chunk(2, dim=-1)
+    want = torch.bmm(torch.nn.functional.silu(gate) * upv, w2.transpose(1, 2))  # [E, M, H]
+    if layout_kind == "low_latency":
+        masked = torch.tensor([64, 3, 0, 40], dtype=torch.int32, device="cuda")
+        got = deepgemm.run_masked_experts(xq, xs, masked, 32, weights)
+        valid = torch.arange(m_cap, device="cuda")[None, :] < masked[:, None]
+        got_v, want_v = got[valid], want[valid]
+    else:
+        align = dg.mk_alignment
+        m_idx = torch.arange(e, device="cuda").repeat_interleave(align).int()
+        rows = torch.arange(align, device="cuda").repeat(e)
+        m_idx[rows >= m_cap] = -1
+        src = (m_idx.clamp(min=0).long(), rows.clamp(max=m_cap - 1))
+        xq_rows = xq.view(torch.uint8)[src].view(xq.dtype)  # index as bytes: fp8 indexing
+        got = deepgemm.run_contiguous_experts(xq_rows, xs[src].contiguous(), m_idx, weights)
+        got_v, want_v = got[m_idx >= 0], want[src][m_idx >= 0]
+    torch.cuda.synchronize()
+    diff = _calc_diff(got_v, want_v)
+    assert not bool(got_v.isnan().any()) and diff < 5e-3, f"{diff=} {layout_kind=}"
+
+
+@pytest.mark.parametrize("granularity", ["expert", "block"])
+def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str) -> None:
+    from sglang_overlap.engine import deepgemm
+    from sglang_overlap.engine.signal_gemm import plan_expert_slices
+
+    from .test_signal_gemm import check_overlapped, layout_for, make_case, run_overlapped
+
+    case = make_case(21, 8, 128, 7168, 2048, zero_experts=2)
+    layout = layout_for(case, granularity, 64, 128, comm_sms=4)
+    assert len(plan_expert_slices(8, 2)) == 4
+
+    def producer(down: torch.Tensor, sig: torch.Tensor) -> None:
+        with deepgemm.num_sms_scope(layout.compute_num_sms):
+            deepgemm.sliced_masked_gemm_signal(case.a, case.a_s, case.b, case.b_s, down,
+                                               case.masked_m, 64, signal=sig, layout=layout,
+                                               slice_experts=2)
+
+    check_overlapped(case, layout, *run_overlapped(case, layout, None, producer=producer))
