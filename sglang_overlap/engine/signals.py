@@ -47,6 +47,7 @@ class SignalContract:
         self._marked: set[int] = set()
         self._events: dict[int, torch.cuda.Event] = {}
         self._producer: Iterator[None] | None = None
+        self._producer_stream: torch.cuda.Stream | None = None
 
     @property
     def num_units(self) -> int:
@@ -86,15 +87,29 @@ class SignalContract:
             self._events[unit] = event
 
     def attach_producer(self, producer: Iterator[None]) -> None:
-        """A generator that produces and marks units, one per `next()`."""
+        """A generator that produces and marks units, one per `next()`. On CUDA it is always
+        advanced on the stream current now (the compute stream), whoever waits."""
         self._producer = producer
+        if self.device.type == "cuda":
+            self._producer_stream = torch.cuda.current_stream(self.device)
+
+    def _advance(self) -> bool:
+        if self._producer is None:
+            return False
+        if self._producer_stream is not None:
+            with torch.cuda.stream(self._producer_stream):
+                done = next(self._producer, _DONE) is _DONE
+        else:
+            done = next(self._producer, _DONE) is _DONE
+        if done:
+            self._producer = None
+        return not done
 
     # consumer side -------------------------------------------------------------------------
     def wait(self, unit: int) -> None:
         """Block the consumer (the current stream on CUDA) until `unit` is final."""
         while unit not in self._marked:
-            if self._producer is None or next(self._producer, _DONE) is _DONE:
-                self._producer = None
+            if not self._advance():
                 raise SignalError(
                     f"SBO unit {unit} read before it was marked and the producer is finished "
                     f"(marked {len(self._marked)} of {self.num_units} units)"
@@ -109,10 +124,8 @@ class SignalContract:
 
     def finish(self) -> None:
         """Run the producer to its end; afterwards every unit must be marked."""
-        if self._producer is not None:
-            for _ in self._producer:
-                pass
-            self._producer = None
+        while self._advance():
+            pass
         if len(self._marked) != self.num_units:
             missing = sorted(set(range(self.num_units)) - self._marked)[:8]
             raise SignalError(f"SBO producer finished without marking units {missing}...")
