@@ -107,7 +107,7 @@ def weighted_sum(
     """pair_out [T*K, H] (row t*K + k), topk_ids [T, K] int64 (-1 = unrouted), topk_weights
     [T, K] float32 -> [T, H] in pair_out's dtype, summed in float32 in k order."""
     t, k = topk_ids.shape
-    vals = pair_out.view(t, k, -1).float()  # [T, K, H]
+    vals = pair_out.view(t, k, pair_out.shape[-1]).float()  # [T, K, H]
     routed = (topk_ids >= 0)[:, :, None]  # [T, K, 1]
     w = topk_weights.float()[:, :, None]  # [T, K, 1]
     acc = vals.new_zeros((t, vals.shape[-1]))

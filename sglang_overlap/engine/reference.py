@@ -106,7 +106,8 @@ class LocalDispatcher:
         e = self.num_experts
         with self.streams.comm("dispatch_send") as done:
             self.streams.hand_over(hidden, topk_ids)
-            rows = hidden[:, None, :].expand(t, k, hidden.shape[1]).reshape(t * k, -1)  # [T*K, H]
+            h = hidden.shape[1]
+            rows = hidden[:, None, :].expand(t, k, h).reshape(t * k, h)  # [T*K, H]
             flat_ids = topk_ids.reshape(t * k)  # [T*K]
             expert = torch.where(flat_ids >= 0, flat_ids, e)
             expected_m = (t * k + e) // e
