@@ -1,0 +1,1 @@
+"""Accuracy checks against running servers (pure Python + HTTP; no torch, no sglang)."""
