@@ -18,7 +18,15 @@ Validated against public results (tests/planning/test_cost_model.py checks each)
   ms). The model predicts the gain within 3 points and the step time within 10%.
 - The same PR's motivation: on H20 decode, TBO only pays at larger batches (64, 128 per GPU) because
   each half pads the expert GEMMs to block_m 64. The model predicts a TBO loss at 32 sequences per
-  GPU and a smaller loss or a gain at 128.
+  GPU (about -34%; the project brief quotes -27%, a figure whose source we could not find).
+  The model has TBO turning positive only near 130-200 sequences per GPU on H20 with a 400 Gb/s NIC
+  per GPU (the PR says 64-128 on its cluster): it is pessimistic about TBO on H20.
+Rough, not tested (setup details uncertain): LMSYS "Deploying DeepSeek with PD Disaggregation and
+Large-scale EP on 96 H100 GPUs" (2025-05-05) reports 52.3k input and 22.3k output tokens/s per
+node (6.5k / 2.8k per GPU, 2000-token inputs). `plan --gpu H100` predicts about 10.7k prefill
+(EP32, TBO) and 3.6k decode (EP72, 256 seqs, TBO) per GPU: optimistic by ~1.6x in prefill, ~1.3x
+in decode. The predicted TBO prefill gain (+63% over none) looks high: prefill numbers are the
+least validated part of this model.
 Plain Python; mypy --strict.
 """
 

@@ -225,6 +225,17 @@ def gpu_name_from_device(device_name: str) -> str:
                        "profile written by benchmarks/calibrate.py")
 
 
+def resolve_hardware(spec: str, device_name: str | None = None) -> HardwareProfile:
+    """--overlap-hardware-profile's value: "auto" (needs the CUDA device name, e.g.
+    torch.cuda.get_device_name()), a shipped GPU name, or a profile JSON path."""
+    if spec == "auto":
+        if not device_name:
+            raise ProfileError("--overlap-hardware-profile auto needs the CUDA device name; "
+                               f"pass one of {', '.join(GPU_NAMES)} or a .json profile instead")
+        return load_hardware(gpu_name_from_device(device_name))
+    return load_hardware(spec)
+
+
 def profile_to_dict(profile: HardwareProfile | ModelProfile) -> dict[str, Any]:
     kind = "gpu" if isinstance(profile, HardwareProfile) else "model"
     return {"kind": kind, **dataclasses.asdict(profile)}
@@ -241,4 +252,5 @@ __all__ = [
     "load_hardware",
     "load_model",
     "profile_to_dict",
+    "resolve_hardware",
 ]

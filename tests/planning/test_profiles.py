@@ -21,6 +21,7 @@ from sglang_overlap.planning.profiles import (
     load_hardware,
     load_model,
     profile_to_dict,
+    resolve_hardware,
 )
 from sglang_overlap.planning.stage_costs import grouped_gemm_us
 
@@ -104,6 +105,13 @@ def test_bad_names_and_paths() -> None:
     ("NVIDIA H800", "H800"), ("NVIDIA B200", "B200")])
 def test_gpu_name_from_device(device: str, name: str) -> None:
     assert gpu_name_from_device(device) == name
+
+
+def test_resolve_hardware_flag_values() -> None:
+    assert resolve_hardware("auto", "NVIDIA H200") == load_hardware("H200")
+    assert resolve_hardware("H20") == load_hardware("H20")
+    with pytest.raises(ProfileError, match="auto needs the CUDA device name"):
+        resolve_hardware("auto")
 
 
 def test_gpu_name_from_unknown_device() -> None:
