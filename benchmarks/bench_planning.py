@@ -1,0 +1,114 @@
+"""How long TBO planning takes on the CPU, per decode step and per prefill batch.
+
+Plain script; prints a table of the median time per `plan_two_batch` call:
+
+    .venv/bin/python benchmarks/bench_planning.py [--repeat 7] [--seed 0]
+
+Decode rows: "cached" is the steady state (every decode step of a batch size seen before reuses
+one immutable plan), "cold" plans a batch size for the first time, "seq_lens" also slices the
+per-sequence lengths into the children (O(bs)). Prefill rows: seeded random extend lengths
+(1..4096 tokens per request, random cached prefixes) with the two-chunk threshold at 0.48.
+Target: <= 20 us per decode step at batch 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from sglang_overlap.planning import two_batch
+from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
+
+DECODE_BATCHES = (1, 64, 256, 1024)
+PREFILL_REQUESTS = (1, 2, 4, 8, 16, 32, 64)
+DECODE_TARGET_US = 20.0
+
+
+def time_us(fn: Callable[[], object], repeat: int, min_seconds: float = 0.05) -> float:
+    """Median over `repeat` runs of the mean time per call, each run at least min_seconds."""
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        if time.perf_counter() - start >= min_seconds / 5:
+            break
+        number *= 2
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        runs.append((time.perf_counter() - start) / number)
+    return statistics.median(runs) * 1e6
+
+
+def decode_rows(repeat: int) -> list[tuple[str, float]]:
+    rows = []
+    for bs in DECODE_BATCHES:
+        seq_lens = [1024 + i for i in range(bs)]
+
+        def cached(bs: int = bs) -> object:
+            return plan_two_batch(ForwardKind.DECODE, bs, attn_tp_size=8)
+
+        def cold(bs: int = bs) -> object:
+            two_batch._plan_uniform.cache_clear()
+            return plan_two_batch(ForwardKind.DECODE, bs, attn_tp_size=8)
+
+        def with_seq_lens(bs: int = bs, seq_lens: list[int] = seq_lens) -> object:
+            return plan_two_batch(ForwardKind.DECODE, bs, seq_lens=seq_lens, attn_tp_size=8)
+
+        rows.append((f"decode bs={bs} cached", time_us(cached, repeat)))
+        rows.append((f"decode bs={bs} cold", time_us(cold, repeat)))
+        rows.append((f"decode bs={bs} seq_lens", time_us(with_seq_lens, repeat)))
+    return rows
+
+
+def prefill_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
+    rng = random.Random(seed)
+    rows = []
+    for n in PREFILL_REQUESTS:
+        batches = []
+        for _ in range(32):
+            lens = [rng.randint(1, 4096) for _ in range(n)]
+            prefix = [rng.choice((0, 0, rng.randint(0, 8192))) for _ in range(n)]
+            batches.append((lens, prefix))
+        two_chunk = sum(
+            plan_two_batch(ForwardKind.EXTEND, sum(lens), extend_lens=lens,
+                           two_chunk_threshold=0.48).two_chunk
+            for lens, _ in batches
+        )
+
+        def run(batches: list[tuple[list[int], list[int]]] = batches) -> None:
+            for lens, prefix in batches:
+                plan_two_batch(ForwardKind.EXTEND, sum(lens), extend_lens=lens,
+                               extend_prefix_lens=prefix, two_chunk_threshold=0.48,
+                               attn_tp_size=8)
+
+        per_batch = time_us(run, repeat) / len(batches)
+        rows.append((f"prefill {n} requests ({two_chunk}/32 two-chunk)", per_batch))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs per row (median)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the prefill batches")
+    args = parser.parse_args()
+    rows = decode_rows(args.repeat) + prefill_rows(args.repeat, args.seed)
+    width = max(len(name) for name, _ in rows)
+    print(f"{'case':<{width}}  us/plan")
+    for name, us in rows:
+        print(f"{name:<{width}}  {us:8.2f}")
+    cached_256 = dict(rows)["decode bs=256 cached"]
+    verdict = "meets" if cached_256 <= DECODE_TARGET_US else "MISSES"
+    print(f"\ndecode bs=256: {cached_256:.2f} us per step, {verdict} the "
+          f"{DECODE_TARGET_US:.0f} us target")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
