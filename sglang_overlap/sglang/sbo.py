@@ -1,0 +1,249 @@
+"""SGLang glue for single-batch overlap (SBO) on the DeepEP low-latency path, pinned to 0.5.23.
+
+SGLang 0.5.23 refuses --enable-single-batch-overlap on SM90, because its Hopper path calls a
+DeepGEMM masked GEMM with `enable_overlap`/`signal` and a DeepEP combine with the per-block
+arguments, neither of which any released wheel accepts. These hooks keep upstream's SBO schedule
+(`DeepseekV2MoE.forward_deepep`: shared expert between dispatch send and receive; down GEMM
+beside the combine send) and route its kernel calls to what is installed, as chosen once per
+process by `planning.sbo_path.decide_sbo_path` from `engine.probe`:
+
+  initialize_moe_config (around)  decide; refuse with the table's message, or on SM90 run
+                                  upstream with the SBO leaf masked so its SM90 check passes,
+                                  then set the flag; log the choice once
+  SboFlags...down_gemm... (around) down-GEMM/combine overlap only on fine_grained / per_expert
+  compute_overlap_args (around)   per_expert / plugin per-block: the signal laid out by
+                                  SboLayout for the plugin's signal GEMM tiles
+  grouped_gemm_nt_f8f8bf16_masked (around)  the plugin's Triton signal GEMM instead of the
+                                  kwargs deep_gemm lacks
+  _DeepEPDispatcherImplLowLatency._combine_core (around)  only the combine kwargs the
+                                  installed deep_ep declares (engine.deepep builds them)
+
+CUDA graphs: the decision is fixed per process before the model is built; the layout is a pure
+function of static shapes (E_local, C, H, expected_m of the captured batch size); the signal is
+allocated with torch.zeros inside the forward, so replay re-zeroes it. No Python state changes
+between capture and replay. On SM100 and on machines without a GPU the hooks hand straight back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from sglang_overlap.engine.deepep import check_combine_call, combine_overlap_kwargs
+from sglang_overlap.engine.probe import ProbeReport, probe
+from sglang_overlap.planning.sbo_layout import SboLayout, plan_sbo_layout
+from sglang_overlap.planning.sbo_path import SboDecision, SboRequest, decide_sbo_path
+from sglang_overlap.settings import OverlapSettings, SettingsError
+from sglang_overlap.sglang.hooks import HookSpec
+
+logger = logging.getLogger("sglang_overlap")
+
+INITIALIZE_MOE_CONFIG = "sglang.srt.layers.moe.utils.initialize_moe_config"
+SBO_DOWN_GEMM_FLAG = ("sglang.srt.batch_overlap.single_batch_overlap.SboFlags."
+                      "enable_combine_down_gemm_two_stream_overlap")
+COMPUTE_OVERLAP_ARGS = "sglang.srt.batch_overlap.single_batch_overlap.compute_overlap_args"
+MASKED_GEMM = "sglang.srt.layers.deep_gemm_wrapper.entrypoint.grouped_gemm_nt_f8f8bf16_masked"
+LL_COMBINE_CORE = ("sglang.srt.layers.moe.token_dispatcher.deepep."
+                   "_DeepEPDispatcherImplLowLatency._combine_core")
+
+_state: dict[str, Any] = {"decision": None, "report": None, "logged": set()}
+
+
+def active_decision() -> SboDecision | None:
+    """The SBO path this process runs with the plugin's routing (None: upstream unchanged)."""
+    decision: SboDecision | None = _state["decision"]
+    return decision
+
+
+@contextlib.contextmanager
+def probe_override(report: ProbeReport) -> Iterator[None]:
+    """Use `report` instead of probing this machine (tests; `check --assume-arch`)."""
+    saved = _state["report"]
+    _state["report"] = report
+    try:
+        yield
+    finally:
+        _state["report"] = saved
+
+
+def _name(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: str,
+               report: ProbeReport | None = None) -> tuple[SboDecision, ProbeReport]:
+    """The SBO decision for these flags on this machine (shared with `sglang-overlap check`)."""
+    report = report or _state["report"] or probe()
+    req = SboRequest(enabled=settings.enable_single_batch_overlap,
+                     down_gemm_overlap=settings.sbo_down_gemm_overlap,
+                     granularity=settings.sbo_signal_granularity,
+                     a2a_backend=_name(a2a_backend), runner_backend=_name(runner_backend))
+    decision = decide_sbo_path(report.capabilities, req)
+    if decision.down_gemm_overlap and report.deep_ep.params is not None:
+        probe_kwargs = combine_overlap_kwargs(
+            decision.combine_form, signal=torch.zeros(1), expect_value=1,
+            packed_recv_count=torch.zeros(1), block_m=64, threshold=1, num_sms=1)
+        check_combine_call(report.deep_ep.params, probe_kwargs)  # at start-up, never mid-serving
+    return decision, report
+
+
+def _log_once(decision: SboDecision, report: ProbeReport) -> None:
+    line = (f"sglang-overlap SBO on {report.gpu.arch} ({report.gpu.source}): {decision.summary()}"
+            f" [deep_ep {report.deep_ep.version}, deep_gemm {report.deep_gemm.version}]")
+    if line not in _state["logged"]:
+        _state["logged"].add(line)
+        logger.info(line)
+
+
+def _initialize_moe_config(orig: Any, *args: Any, **kwargs: Any) -> Any:
+    from sglang.srt.runtime_context import get_exec, get_flags
+
+    from sglang_overlap.sglang.args import current_settings
+
+    overlap, moe = get_exec().overlap, get_exec().moe
+    _state["decision"] = None
+    if not overlap.enable_single_batch_overlap:
+        return orig(*args, **kwargs)
+    settings = current_settings()
+    decision, report = decide_sbo(settings, a2a_backend=moe.moe_a2a_backend,
+                                  runner_backend=moe.moe_runner_backend)
+    _log_once(decision, report)
+    if report.gpu.arch not in ("sm90", "sm100"):
+        return orig(*args, **kwargs)  # no GPU the table speaks for: upstream decides
+    if decision.refusal is not None:
+        raise SettingsError(f"sglang-overlap: {decision.refusal}")
+    if report.gpu.arch != "sm90":
+        return orig(*args, **kwargs)
+    # Upstream raises on SM90 as soon as moe.sbo_enabled is set; a path exists, so run it with
+    # the leaf masked and set the flag it would have set.
+    with overlap.override(enable_single_batch_overlap=False):
+        result = orig(*args, **kwargs)
+    get_flags().moe.sbo_enabled = True
+    _state["decision"] = decision
+    return result
+
+
+def _down_gemm_flag(orig: Any, cls: Any) -> bool:
+    decision = active_decision()
+    if decision is None:
+        return bool(orig(cls))
+    from sglang.srt.layers.moe.utils import is_sbo_enabled
+
+    return bool(is_sbo_enabled()) and decision.down_gemm_overlap
+
+
+def plugin_signal_layout(decision: SboDecision, shape: tuple[int, int, int], expected_m: int,
+                         num_sms: int, comm_num_sms: int) -> tuple[SboLayout, Any]:
+    """The signal layout for the plugin's signal GEMM on a [E_local, C, H] down output."""
+    from sglang_overlap.engine.signal_gemm import default_config
+
+    e_local, capacity, hidden = shape
+    config = default_config(expected_m)
+    assert decision.granularity is not None
+    layout = plan_sbo_layout(num_local_experts=e_local, capacity=capacity,
+                             block_m=config.block_m, block_n=config.block_n, hidden=hidden,
+                             num_sms=num_sms, comm_num_sms=comm_num_sms,
+                             granularity=decision.granularity)
+    return layout, config
+
+
+def apply_plugin_signal(decision: SboDecision, combine: Any, down: Any, meta: dict[str, Any],
+                        shape: tuple[int, int, int], expected_m: int, device: Any,
+                        comm_num_sms: int = 0) -> None:
+    """Swap upstream's Hopper per-block int32 signal for the plugin signal GEMM's, in place."""
+    from sglang_overlap.engine.signal_gemm import new_signal
+
+    total = combine.num_sms + meta["compute_num_sms"]
+    comm = comm_num_sms or combine.num_sms
+    layout, config = plugin_signal_layout(decision, shape, expected_m, total, comm)
+    signal = new_signal(layout, device)  # zeroed in the forward: re-zeroed on graph replay
+    combine.signal = down.signal = signal
+    combine.num_sms, combine.threshold = comm, layout.expect_value
+    down.num_sms = meta["compute_num_sms"] = layout.compute_num_sms
+    down.sbo_layout, down.signal_gemm_config = layout, config
+    if layout.granularity == "block":
+        meta["block_m"], meta["threshold"] = layout.block_m, layout.expect_value
+
+
+def _compute_overlap_args(orig: Any, dispatch_output: Any, alt_stream: Any) -> Any:
+    combine, down, meta = orig(dispatch_output, alt_stream)
+    decision = active_decision()
+    if (decision is None or down is None or decision.gemm_signal_source != "plugin"):
+        return combine, down, meta
+    from sglang_overlap.sglang.args import current_settings
+
+    hidden = dispatch_output.hidden_states  # [E_local, C, H]
+    apply_plugin_signal(decision, combine, down, meta, tuple(hidden.shape),
+                        int(dispatch_output.expected_m), hidden.device,
+                        current_settings().sbo_combine_num_sms)
+    return combine, down, meta
+
+
+def _masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected_m: int,
+                 overlap_args: Any = None, max_block_n: int = 256, recipe_a: Any = None,
+                 recipe_b: Any = None) -> Any:
+    layout: SboLayout | None = getattr(overlap_args, "sbo_layout", None)
+    if overlap_args is None or layout is None:
+        return orig(lhs, rhs, out, masked_m, expected_m, overlap_args=overlap_args,
+                    max_block_n=max_block_n, recipe_a=recipe_a, recipe_b=recipe_b)
+    from sglang_overlap.engine.signal_gemm import grouped_gemm_fp8_signal
+
+    (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        raise RuntimeError("sglang-overlap signal GEMM needs fp32 block scales (1x128 / 128x128);"
+                           f" got {a_scale.dtype} / {b_scale.dtype} (UE8M0 is Blackwell-only)")
+    config = overlap_args.signal_gemm_config
+    grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
+                            signal=overlap_args.signal, layout=layout,
+                            num_programs=overlap_args.num_sms * config.ctas_per_sm)
+    if layout.granularity == "block":
+        return layout.block_m, layout.expect_value
+    return None  # per expert: the combine needs no block_m / threshold
+
+
+def _combine_core(orig: Any, self: Any, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
+                  topk_weights: torch.Tensor) -> Any:
+    decision = active_decision()
+    oa = self.overlap_args
+    if decision is None or oa is None:
+        return orig(self, hidden_states, topk_ids, topk_weights)
+    from sglang.srt.layers.moe.token_dispatcher import deepep as upstream
+
+    meta = self.meta_overlap_args or {}
+    kwargs = {}
+    if oa.overlap and decision.down_gemm_overlap:
+        kwargs = combine_overlap_kwargs(
+            decision.combine_form, signal=oa.signal, expect_value=int(oa.threshold or 0),
+            packed_recv_count=self.packed_recv_count, block_m=meta.get("block_m"),
+            threshold=meta.get("threshold"), num_sms=oa.num_sms)
+    buffer = self._get_buffer()
+    oa.stream.wait_event(oa.wait_event)
+    with torch.cuda.stream(oa.stream):
+        upstream._deepep_precompile_tp_barrier()
+        combined, event, hook = buffer.low_latency_combine(
+            x=hidden_states, topk_idx=topk_ids, topk_weights=topk_weights, handle=self.handle,
+            async_finish=not self.return_recv_hook, return_recv_hook=self.return_recv_hook,
+            **kwargs)
+    self.packed_recv_count = self.handle = None
+    return combined, event, hook
+
+
+SBO_HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(INITIALIZE_MOE_CONFIG, _initialize_moe_config, "around",
+             "choose the SBO path once per process; lift the SM90 refusal only when one exists"),
+    HookSpec(SBO_DOWN_GEMM_FLAG, _down_gemm_flag, "around",
+             "down-GEMM/combine overlap only when the chosen path has a signal GEMM and form"),
+    HookSpec(COMPUTE_OVERLAP_ARGS, _compute_overlap_args, "around",
+             "lay the signal out for the plugin's signal GEMM (per expert or per block)"),
+    HookSpec(MASKED_GEMM, _masked_gemm, "around",
+             "run the plugin's signal GEMM instead of deep_gemm kwargs no wheel accepts"),
+    HookSpec(LL_COMBINE_CORE, _combine_core, "around",
+             "pass only the combine overlap kwargs the installed deep_ep declares"),
+)
+
+__all__ = ["SBO_HOOKS", "active_decision", "apply_plugin_signal", "decide_sbo",
+           "probe_override"]

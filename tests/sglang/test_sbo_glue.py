@@ -1,0 +1,274 @@
+"""SBO glue against the real SGLang 0.5.23 modules on CPU, with an emulated SM90 GPU.
+
+The emulation sets the two facts upstream's SM90 check reads (`is_cuda()` in
+sglang.srt.layers.moe.utils and torch.cuda.get_device_capability) and tells the probe the same
+through SGLANG_OVERLAP_ASSUME_ARCH. The first test shows upstream really refuses under it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang_overlap.engine.probe import probe, read_params  # noqa: E402
+from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
+from sglang_overlap.settings import SettingsError  # noqa: E402
+from sglang_overlap.sglang import sbo  # noqa: E402
+
+TINY = Path("/tmp/tiny-dsv3")
+BASE = ["--model-path", str(TINY), "--device", "cpu", "--tp", "2",
+        "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
+INSTALLED_LEGACY = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}." \
+    f"{sys.version_info.minor}" / "site-packages" / "deep_ep" / "buffers" / "legacy.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    if not (TINY / "config.json").is_file():
+        subprocess.run([sys.executable, "/work/shared/sglang-cpu/make_tiny_dsv3.py", str(TINY)],
+                       check=True, capture_output=True)
+    return TINY
+
+
+@pytest.fixture(scope="module")
+def contexts(tiny_model: Path) -> dict[str, Any]:
+    from sglang.srt.runtime_context import create_context
+
+    from sglang_overlap.sglang.args import parse_server_args
+
+    out = {}
+    for name, extra in {"auto": [], "force": ["--sbo-down-gemm-overlap", "force"]}.items():
+        server_args, _ = parse_server_args(BASE + extra)
+        out[name] = create_context(server_args, role="scheduler")
+    return out
+
+
+@pytest.fixture()
+def sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang.srt.layers.moe.utils as moe_utils
+
+    monkeypatch.setattr(moe_utils, "is_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setenv("SGLANG_OVERLAP_ASSUME_ARCH", "sm90")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Any:
+    saved = dict(sbo._state)
+    sbo._state.update(decision=None, report=None, logged=set())
+    yield
+    sbo._state.update(saved)
+
+
+def _upstream_init() -> Any:
+    from sglang.srt.layers.moe import utils
+
+    return inspect.unwrap(utils.initialize_moe_config)
+
+
+def _fake_kernels(root: Path) -> Path:
+    """The installed sgl-deep-ep's own legacy.py, without triton beside it."""
+    pkg = root / "deep_ep" / "buffers"
+    pkg.mkdir(parents=True)
+    shutil.copy(INSTALLED_LEGACY, pkg / "legacy.py")
+    (pkg / "__init__.py").write_text("")
+    (root / "deep_ep" / "__init__.py").write_text("from .buffers.legacy import Buffer\n")
+    meta = root / "sgl_deep_ep-0.1.2.post1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sgl-deep-ep\n"
+                                   "Version: 0.1.2.post1\n")
+    return root
+
+
+def test_upstream_refuses_sm90(contexts: dict[str, Any], sm90: None) -> None:
+    from sglang.srt.runtime_context import use_context
+
+    with use_context(contexts["auto"]), pytest.raises(ValueError, match="SM90"):
+        _upstream_init()()
+
+
+def test_hook_lifts_refusal_and_picks_per_expert(contexts: dict[str, Any], sm90: None,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    from sglang.srt.batch_overlap.single_batch_overlap import SboFlags
+    from sglang.srt.runtime_context import get_flags, use_context
+
+    report = probe(assume_arch="sm90")
+    if not report.triton:
+        pytest.skip("triton not installed: per-expert needs the plugin's signal GEMM")
+    caplog.set_level(logging.INFO, logger="sglang_overlap")
+    with use_context(contexts["auto"]), sbo.probe_override(report):
+        sbo._initialize_moe_config(_upstream_init())
+        assert get_flags().moe.sbo_enabled is True
+        decision = sbo.active_decision()
+        assert decision is not None and decision.path is SboPath.PER_EXPERT, decision
+        flag = inspect.unwrap(SboFlags.__dict__[
+            "enable_combine_down_gemm_two_stream_overlap"].__func__)
+        assert sbo._down_gemm_flag(flag, SboFlags) is True
+        assert SboFlags.enable_dispatch_shared_one_stream_overlap()
+        sbo._initialize_moe_config(_upstream_init())  # a second call logs nothing new
+    lines = [r.getMessage() for r in caplog.records if "SBO on sm90" in r.getMessage()]
+    assert len(lines) == 1 and "per_expert" in lines[0] and "0.1.2.post1" in lines[0], lines
+
+
+def test_without_signal_gemm_degrades_to_shared_expert_only(
+        contexts: dict[str, Any], sm90: None, tmp_path: Path) -> None:
+    from sglang.srt.batch_overlap.single_batch_overlap import SboFlags
+    from sglang.srt.runtime_context import get_flags, use_context
+
+    report = probe(search_path=[str(_fake_kernels(tmp_path))], assume_arch="sm90")
+    with use_context(contexts["auto"]), sbo.probe_override(report):
+        sbo._initialize_moe_config(_upstream_init())
+        assert get_flags().moe.sbo_enabled is True
+        decision = sbo.active_decision()
+        assert decision is not None and decision.path is SboPath.SHARED_EXPERT_ONLY
+        assert "triton" in decision.reason
+        flag = inspect.unwrap(SboFlags.__dict__[
+            "enable_combine_down_gemm_two_stream_overlap"].__func__)
+        assert sbo._down_gemm_flag(flag, SboFlags) is False
+
+
+def test_forced_path_without_kernels_is_refused(contexts: dict[str, Any], sm90: None,
+                                                tmp_path: Path) -> None:
+    from sglang.srt.runtime_context import use_context
+
+    report = probe(search_path=[str(_fake_kernels(tmp_path))], assume_arch="sm90")
+    with use_context(contexts["force"]), sbo.probe_override(report), \
+            pytest.raises(SettingsError) as err:
+        sbo._initialize_moe_config(_upstream_init())
+    msg = str(err.value)
+    for needle in ("--sbo-down-gemm-overlap force", "sgl-deep-ep 0.1.2.post1", "pip install"):
+        assert needle in msg, msg
+    empty = probe(search_path=[str(tmp_path / "nothing")], assume_arch="sm90")
+    with use_context(contexts["auto"]), sbo.probe_override(empty), \
+            pytest.raises(SettingsError, match="sgl-deep-ep is not installed"):
+        sbo._initialize_moe_config(_upstream_init())
+
+
+# --- the combine call, each probed form, against the installed signature --------------------
+
+class _Stream:
+    def wait_event(self, event: Any) -> None:
+        pass
+
+
+class _BindingBuffer:
+    """Binds every low_latency_combine call to the installed sgl-deep-ep's declared parameters."""
+
+    def __init__(self) -> None:
+        params = read_params("deep_ep", "Buffer.low_latency_combine")
+        assert params is not None
+        self.sig = params.signature()
+        self.kwargs: dict[str, Any] = {}
+
+    def low_latency_combine(self, *a: Any, **k: Any) -> tuple[Any, Any, Any]:
+        self.sig.bind(self, *a, **k)  # TypeError exactly where the real call would raise
+        self.kwargs = k
+        return "combined", None, None
+
+
+def _impl(overlap: bool) -> tuple[Any, _BindingBuffer]:
+    from sglang.srt.batch_overlap.single_batch_overlap import CombineOverlapArgs
+    from sglang.srt.layers.moe.token_dispatcher.deepep import _DeepEPDispatcherImplLowLatency
+
+    impl = object.__new__(_DeepEPDispatcherImplLowLatency)
+    buf = _BindingBuffer()
+    impl._get_buffer = lambda: buf  # type: ignore[method-assign]
+    impl.return_recv_hook, impl.handle = True, ("handle",)
+    impl.packed_recv_count = torch.zeros(4, dtype=torch.int32)
+    signal = torch.zeros(4, dtype=torch.int32).view(torch.uint32)
+    impl.overlap_args = CombineOverlapArgs(overlap=overlap, stream=_Stream(), wait_event=None,
+                                           num_sms=3, signal=signal, threshold=16)
+    impl.meta_overlap_args = {"compute_num_sms": 129}
+    return impl, buf
+
+
+def _call(impl: Any, hooked: bool) -> Any:
+    from sglang.srt.layers.moe.token_dispatcher.deepep import _DeepEPDispatcherImplLowLatency
+
+    orig = inspect.unwrap(_DeepEPDispatcherImplLowLatency._combine_core)
+    x, ids, w = torch.zeros(4, 2, 8), torch.zeros(2, 2, dtype=torch.int64), torch.zeros(2, 2)
+    if hooked:
+        return sbo._combine_core(orig, impl, x, ids, w)
+    return orig(impl, x, ids, w)
+
+
+@pytest.mark.skipif(not INSTALLED_LEGACY.is_file(), reason="sgl-deep-ep not installed")
+def test_upstream_hopper_combine_raises_typeerror_the_hook_does_not() -> None:
+    impl, _ = _impl(overlap=True)
+    impl.meta_overlap_args |= {"block_m": 64, "threshold": 129}  # as if deep_gemm returned them
+    with pytest.raises(TypeError, match="packed_recv_count|comp_signal"):
+        _call(impl, hooked=False)
+    for path, form, want in [
+        (SboPath.PER_EXPERT, "per_expert", {"overlap", "src_signals", "src_signal_expect_value"}),
+        (SboPath.SHARED_EXPERT_ONLY, None, set()),
+    ]:
+        sbo._state["decision"] = SboDecision(path, "test", combine_form=form)  # type: ignore
+        impl, buf = _impl(overlap=form is not None)
+        assert _call(impl, hooked=True)[0] == "combined"
+        overlap_keys = set(buf.kwargs) - {"x", "topk_idx", "topk_weights", "handle",
+                                          "async_finish", "return_recv_hook"}
+        assert overlap_keys == want, (path, buf.kwargs)
+        if form:
+            assert buf.kwargs["src_signal_expect_value"] == 16
+        assert impl.handle is None and impl.packed_recv_count is None
+
+
+def test_plugin_signal_layout_is_static_across_calls() -> None:
+    from sglang.srt.batch_overlap.single_batch_overlap import (
+        CombineOverlapArgs,
+        DownGemmOverlapArgs,
+    )
+
+    for gran, dtype in (("expert", torch.uint32), ("block", torch.int32)):
+        decision = SboDecision(SboPath.PER_EXPERT if gran == "expert" else SboPath.FINE_GRAINED,
+                               "t", granularity=gran, gemm_signal_source="plugin")  # type: ignore
+        seen = []
+        for _ in range(2):  # capture, then replay: same layout, fresh zeroed signal
+            combine = CombineOverlapArgs(overlap=True, stream=None, wait_event=None, num_sms=3,
+                                         signal=torch.zeros(1), threshold=129)
+            down = DownGemmOverlapArgs(num_sms=129, signal=torch.zeros(1), start_event=None)
+            meta: dict[str, Any] = {"compute_num_sms": 129}
+            sbo.apply_plugin_signal(decision, combine, down, meta, (8, 256, 7168), 32, "cpu")
+            lay = down.sbo_layout
+            assert combine.signal is down.signal and combine.signal.dtype == dtype
+            assert combine.signal.shape == lay.signal_shape and not combine.signal.view(
+                torch.int32).any()
+            assert combine.threshold == lay.expect_value and down.num_sms == 129
+            if gran == "expert":
+                assert lay.expect_value == lay.blocks_per_expert * lay.n_tiles
+            else:
+                assert (meta["block_m"], meta["threshold"]) == (lay.block_m, lay.n_tiles)
+            seen.append(lay)
+        assert seen[0] == seen[1]
+
+
+def test_hooks_resolve_in_sglang(tiny_model: Path) -> None:
+    """Register through SGLang's HookRegistry in a fresh process; every target is wrapped."""
+    code = (
+        "import inspect, logging, sys\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+        "from sglang_overlap.sglang.hooks import install\n"
+        "from sglang_overlap.sglang.sbo import SBO_HOOKS\n"
+        "install(SBO_HOOKS); HookRegistry.apply_hooks()\n"
+        "import pkgutil\n"
+        "for s in SBO_HOOKS:\n"
+        "    mod, _, attr = s.target.rpartition('.')\n"
+        "    owner = pkgutil.resolve_name(mod)\n"
+        "    raw = inspect.getattr_static(owner, attr)\n"
+        "    fn = getattr(raw, '__func__', raw)\n"
+        "    assert getattr(fn, '__wrapped__', None) is not None, s.target\n"
+        "print('ok', len(SBO_HOOKS))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "ok 5" in done.stdout, done.stderr[-3000:]
