@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sglang_overlap.launch.commands import server_argv
@@ -67,13 +67,16 @@ def _blame(cfg: LaunchConfig, role: str, message: str) -> str:
     return f"[{role}]"
 
 
-def check_server_flags(
-    cfg: LaunchConfig, env: Mapping[str, str] | None = None, timeout: float = 300.0
-) -> dict[str, dict[str, object]]:
-    """Parse every server's flags as `sglang serve` would. Raises ConfigError naming the file,
-    the key and SGLang's or the plugin's message; returns each role's resolved plugin settings."""
-    jobs = {r.name: server_argv(cfg, r) for r in cfg.servers}
-    child_env = {**os.environ, **cfg.common_env, **(env or {})}
+def sglang_errors(
+    cfgs: Sequence[LaunchConfig], env: Mapping[str, str] | None = None, timeout: float = 600.0
+) -> list[str | None]:
+    """Parse every server of every config as `sglang serve` would, in one child Python.
+
+    Returns one entry per config: None, or the first error as "FILE: KEY: message" (KEY is the
+    args list holding the flag the message names). Raises ConfigError if the parser cannot run.
+    """
+    jobs = {f"{i}:{r.name}": server_argv(cfg, r) for i, cfg in enumerate(cfgs) for r in cfg.servers}
+    child_env = {**os.environ, **(dict(cfgs[0].common_env) if cfgs else {}), **(env or {})}
     with tempfile.TemporaryDirectory(prefix="sglang-overlap-check-") as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
         src.write_text(json.dumps(jobs))
@@ -83,16 +86,26 @@ def check_server_flags(
         )
         if proc.returncode != 0 or not dst.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            where = ", ".join(str(c.path) for c in cfgs)
             raise ConfigError(
-                f"{cfg.path}: could not run SGLang's parser (is sglang==0.5.23 installed in "
+                f"{where}: could not run SGLang's parser (is sglang==0.5.23 installed in "
                 f"{sys.executable}?):\n{tail}"
             )
         results: dict[str, dict[str, object]] = json.loads(dst.read_text())
-    for name, res in results.items():
+    errors: list[str | None] = [None] * len(cfgs)
+    for key, res in results.items():
+        i, role = int(key.split(":")[0]), key.split(":")[1]
         error = res.get("error")
-        if error:
-            raise ConfigError(f"{cfg.path}: {_blame(cfg, name, str(error))}: {error}")
-    return results
+        if error and errors[i] is None:
+            errors[i] = f"{cfgs[i].path}: {_blame(cfgs[i], role, str(error))}: {error}"
+    return errors
+
+
+def check_server_flags(cfg: LaunchConfig, env: Mapping[str, str] | None = None) -> None:
+    """Raise ConfigError naming the file, the key and SGLang's or the plugin's message."""
+    error = sglang_errors([cfg], env)[0]
+    if error is not None:
+        raise ConfigError(error)
 
 
 if __name__ == "__main__":
