@@ -31,7 +31,8 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["m_cap", "num_units", "blocks_per_expert", "expect",
+                                   "max_spins", "num_progs"])
     def consumer_kernel(down_ptr, sig_ptr, masked_m_ptr, src_ptr, w_ptr, out_ptr, err_ptr,
                         m_cap, h, s_de, s_dm, s_out, num_units, blocks_per_expert, expect,
                         max_spins, num_progs,
@@ -47,16 +48,17 @@ def _kernel() -> Any:
                 lo = (u % blocks_per_expert) * BLOCK_M
                 hi = tl.minimum(lo + BLOCK_M, tl.load(masked_m_ptr + e))
             hi = tl.minimum(hi, m_cap)
-            ok = 1
             if WAIT:
                 seen = tl.atomic_add(sig_ptr + u, 0, sem="acquire", scope="gpu")
-                spins = 0
+                spins = seen * 0
                 while (seen < expect) & (spins < max_spins):
                     seen = tl.atomic_add(sig_ptr + u, 0, sem="acquire", scope="gpu")
                     spins += 1
+                ok = seen >= expect
                 if seen < expect:
                     tl.atomic_xchg(err_ptr, 1)
-                    ok = 0
+            else:
+                ok = True
             if ok:
                 for r0 in range(lo, hi, BLOCK_R):
                     rows = r0 + tl.arange(0, BLOCK_R)

@@ -96,16 +96,19 @@ def _build_kernel() -> Any:
         batch = row // rows_per_group
         r = row % rows_per_group
         if MASKED:
-            if r >= tl.load(masked_m_ptr + batch):
-                return
+            limit = tl.load(masked_m_ptr + batch)
+        else:
+            limit = rows_per_group
         cols = grp * GROUP_K + tl.arange(0, GROUP_K)
-        gate = tl.load(x_ptr + row * stride_xr + cols).to(tl.float32)
-        up = tl.load(x_ptr + row * stride_xr + inter + cols).to(tl.float32)
+        keep = (cols * 0 + r) < limit  # rows past masked_m: no loads, no stores
+        gate = tl.load(x_ptr + row * stride_xr + cols, mask=keep, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_xr + inter + cols, mask=keep, other=0.0).to(tl.float32)
         y = gate / (1.0 + tl.exp(-gate)) * up
         scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / 448.0
         q = (y / scale).to(q_ptr.dtype.element_ty)
-        tl.store(q_ptr + row * stride_qr + cols, q)
-        tl.store(s_ptr + batch * stride_sb + r * stride_sr + grp * stride_sg, scale)
+        tl.store(q_ptr + row * stride_qr + cols, q, mask=keep)
+        tl.store(s_ptr + batch * stride_sb + r * stride_sr + grp * stride_sg, scale,
+                 mask=r < limit)
 
     return silu_mul_quant_kernel
 

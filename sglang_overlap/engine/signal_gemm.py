@@ -41,7 +41,11 @@ class SignalGemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     ctas_per_sm: int = 2
-    """Persistent programs per SM the GEMM may use."""
+    """Persistent programs per SM the GEMM may use; 0 = one program per tile (not persistent)."""
+
+    def programs(self, sms: int) -> int | None:
+        """The grid cap for `grouped_gemm_fp8_signal` on `sms` SMs (None: one per tile)."""
+        return None if self.ctas_per_sm == 0 else sms * self.ctas_per_sm
 
 
 def default_config(expected_m: int) -> SignalGemmConfig:
@@ -85,7 +89,9 @@ def _kernels() -> dict[str, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # counts change with every shape: not specialised, so one compile serves all shapes
+    @triton.jit(do_not_specialize=["m_cap", "num_units", "blocks_per_expert", "n_tiles",
+                                   "num_progs"])
     def gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, d_ptr, masked_m_ptr, sig_ptr,
                     m_cap, n, k, num_units, blocks_per_expert, n_tiles, num_progs,
                     s_ae, s_am, s_ase, s_asm, s_asg, s_be, s_bn, s_bse, s_bsn, s_bsg, s_de, s_dm,
