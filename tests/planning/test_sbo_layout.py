@@ -110,3 +110,20 @@ def test_every_counter_reaches_expect_value(experts: int, capacity: int, block_m
     bumps = tiles_per_counter(layout)
     assert bumps == [layout.expect_value] * layout.num_signals, ctx
     assert layout.signal_dtype == ("uint32" if gran == "expert" else "int32"), ctx
+
+
+@pytest.mark.parametrize("tokens_per_rank,ranks", [(128, 8), (128, 16), (256, 4), (1024, 2)])
+def test_shapes_match_upstream_compute_overlap_args(tokens_per_rank: int, ranks: int) -> None:
+    # SGLang 0.5.23 single_batch_overlap.compute_overlap_args allocates, for the LL receive buffer
+    # of num_tokens_static = tokens_per_rank * ranks rows per expert: Hopper
+    # zeros(E * ceil(num_tokens_static / 64), int32); Blackwell zeros(E, uint32); and gives the
+    # GEMM total_SMs - communicate_num_sms (3 on Hopper, 32 on Blackwell).
+    static = tokens_per_rank * ranks
+    hopper = plan_sbo_layout(num_local_experts=16, capacity=static, block_m=64, block_n=128,
+                             hidden=7168, num_sms=132, comm_num_sms=3, granularity="block")
+    assert (hopper.signal_shape, hopper.signal_dtype) == ((16 * -(-static // 64),), "int32")
+    assert hopper.compute_num_sms == 129
+    blackwell = plan_sbo_layout(num_local_experts=16, capacity=static, block_m=128, block_n=128,
+                                hidden=7168, num_sms=148, comm_num_sms=32, granularity="expert")
+    assert (blackwell.signal_shape, blackwell.signal_dtype) == ((16,), "uint32")
+    assert blackwell.compute_num_sms == 116
