@@ -1,0 +1,97 @@
+"""`sglang-overlap check` through the real CLI entry point, SGLang parser and installed wheels."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sglang_overlap.cli.main import main  # noqa: E402
+from sglang_overlap.engine.probe import package_dir  # noqa: E402
+
+TINY = Path("/tmp/tiny-dsv3")
+SBO = ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2",
+       "--model-path", str(TINY), "--device", "cpu"]
+HAS_TRITON = package_dir("triton") is not None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_model() -> None:
+    if not (TINY / "config.json").is_file():
+        subprocess.run([sys.executable, "/work/shared/sglang-cpu/make_tiny_dsv3.py", str(TINY)],
+                       check=True, capture_output=True)
+
+
+def _check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    rc = main(["check", "--json", "--no-import-check", *argv])
+    out = capsys.readouterr().out
+    return rc, json.loads(out[out.index("{"):])
+
+
+def test_bare_check_reports_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    rc, out = _check(capsys)
+    assert rc == 0 and out["ok"]
+    assert out["machine"]["cpu_only"] == (not torch.cuda.is_available())
+    assert out["sglang"]["version"] == "0.5.23"
+    assert out["sglang"]["plugin_discovered"] and out["sglang"]["plugin_loaded"]
+    assert out["sbo"]["path"] == "off" and out["tbo"]["path"] == "off"
+    if package_dir("deep_ep") is not None:
+        assert out["kernels"]["deep_ep"]["low_latency_combine_overlap"] == "per-expert form"
+        assert out["kernels"]["deep_gemm"]["masked_gemm_with_signals"] is False
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="per-expert needs triton for the signal GEMM")
+def test_hopper_box_picks_per_expert(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", *SBO)
+    assert rc == 0, out
+    assert out["machine"]["capability"] == [9, 0] and out["machine"]["gpu_source"] == "assumed"
+    assert out["sbo"]["path"] == "per_expert"
+
+
+def test_cpu_machine_cannot_run_deepep_sbo(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "cpu", *SBO)
+    assert rc == 1 and not out["ok"]
+    assert "--assume-arch sm90" in out["sbo"]["refusal"]
+
+
+def test_forced_block_granularity_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", *SBO, "--sbo-signal-granularity", "block")
+    assert rc == 1
+    assert "sgl-deep-ep 0.1.2.post1" in out["sbo"]["refusal"]
+    assert "comp_signal" in out["sbo"]["refusal"]
+
+
+def test_invalid_plugin_flags_fail_with_their_names(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--model-path", str(TINY), "--device", "cpu",
+                     "--sbo-down-gemm-overlap", "force")
+    assert rc == 1
+    assert any("--sbo-down-gemm-overlap needs --enable-single-batch-overlap" in e
+               for e in out["flags"]["errors"]), out["flags"]
+
+
+def test_tbo_path_is_described(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", "--enable-two-batch-overlap",
+                     "--moe-a2a-backend", "deepep", "--tp", "2", "--model-path", str(TINY),
+                     "--device", "cpu")
+    assert rc == 0, out
+    assert out["tbo"]["path"].startswith("on (deepep; always)")
+    assert "two-chunk at t=0.48" in out["tbo"]["path"]
+
+
+def test_text_report_with_import_check(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    rc = main(["check", "--assume-arch", "sm90"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "SBO: off" in text and "ready" in text
+    assert "GPU (assumed): assumed SM90" in text
+    if package_dir("deep_ep") is not None and not torch.cuda.is_available():
+        assert "deep_ep 0.1.2.post1: does not import (ImportError" in text
