@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str, help: str) -> 
         ns.server_argv = list(getattr(ns, "server_argv", [])) + list(rest)
         return ns, []
 
-    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    p.parse_known_args = parse_known_args
 
 
 def _version(dist: str) -> str | None:
