@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_overlap.engine import rowwise
 from sglang_overlap.engine.interfaces import (
     Layout,
     LowLatencyDispatchOutput,
@@ -105,11 +106,13 @@ def weighted_sum(
     pair_out: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 ) -> torch.Tensor:
     """pair_out [T*K, H] (row t*K + k), topk_ids [T, K] int64 (-1 = unrouted), topk_weights
-    [T, K] float32 -> [T, H] in pair_out's dtype, summed in float32 in k order."""
+    [T, K] float32 -> [T, H] in pair_out's dtype, summed in float32 (float64 for float64)
+    in k order."""
     t, k = topk_ids.shape
-    vals = pair_out.view(t, k, pair_out.shape[-1]).float()  # [T, K, H]
+    acc_dtype = rowwise.acc_dtype(pair_out.dtype)
+    vals = pair_out.view(t, k, pair_out.shape[-1]).to(acc_dtype)  # [T, K, H]
     routed = (topk_ids >= 0)[:, :, None]  # [T, K, 1]
-    w = topk_weights.float()[:, :, None]  # [T, K, 1]
+    w = topk_weights.to(acc_dtype)[:, :, None]  # [T, K, 1]
     acc = vals.new_zeros((t, vals.shape[-1]))
     for j in range(k):
         # `where`, not a zero weight: an unrouted slot's row may hold anything, even NaN

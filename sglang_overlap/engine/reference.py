@@ -120,8 +120,13 @@ class LocalDispatcher:
         self, pending: _LocalPending
     ) -> LowLatencyDispatchOutput | NormalDispatchOutput:
         self.streams.wait(pending.event)
-        assert pending.dispatched is not None
-        return pending.dispatched
+        d = pending.dispatched
+        assert d is not None
+        info = d.handle[0]
+        extra = (d.masked_m,) if isinstance(d, LowLatencyDispatchOutput) else (
+            d.row_expert, d.num_tokens_per_expert)
+        self.streams.hand_back(d.hidden, info.order, info.flat_index, *extra)
+        return d
 
     def combine_send(
         self,
@@ -142,4 +147,5 @@ class LocalDispatcher:
     def combine_recv(self, pending: _LocalPending) -> torch.Tensor:
         self.streams.wait(pending.event)
         assert pending.out is not None
+        self.streams.hand_back(pending.out)
         return pending.out

@@ -7,7 +7,8 @@ Same math as SGLang's `biased_grouped_topk` (and the HF DeepSeek-V3 `MoEGate`):
     keep the topk_group best groups; top-k of `choice` inside them ->  topk_ids [T, K]
     weights  = scores[topk_ids] (the bias only chooses, never weighs), renormalised to sum 1
                if `renormalize`, times routed_scaling_factor             [T, K]
-The gate GEMM and everything after it run in float32 whatever the activations dtype.
+The gate GEMM and everything after it run in float32 for half-precision activations (float64
+activations stay float64, for references).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class RouterConfig:
 
 
 def gate_logits(hidden: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor:
-    """hidden [T, H] activations dtype, gate_w [E, H] -> logits [T, E] float32."""
-    return rowwise.linear(hidden.float(), gate_w.float())
+    """hidden [T, H] activations dtype, gate_w [E, H] -> logits [T, E] float32 (or float64)."""
+    dtype = rowwise.acc_dtype(hidden.dtype)
+    return rowwise.linear(hidden.to(dtype), gate_w.to(dtype))
 
 
 def select_experts(
@@ -61,7 +63,7 @@ def select_experts(
     float32). Every token is routed to exactly K distinct experts (no -1 from this router)."""
     t, e = logits.shape
     scores = rowwise.sigmoid(logits)  # [T, E]
-    choice = scores + bias.float()  # [T, E]
+    choice = scores + bias.to(scores.dtype)  # [T, E]
     if cfg.n_group > 1:
         grouped = choice.view(t, cfg.n_group, e // cfg.n_group)  # [T, G, E/G]
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [T, G]

@@ -23,6 +23,11 @@ import torch.nn.functional as F
 _CPU_CHUNK_ELEMS = 1 << 23
 
 
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types and float32; float64 stays float64 (the fp64 references)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def exact(t: torch.Tensor) -> bool:
     """Whether the batch-independent CPU formulation is used for this tensor."""
     return t.device.type == "cpu"

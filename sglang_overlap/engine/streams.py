@@ -3,7 +3,8 @@
 On CUDA, `comm()` runs its body on the communication stream after the compute stream's work so
 far (an event wait, not a host sync), and returns an event that `wait()` later makes the compute
 stream wait on. Tensors created on one stream and used on the other are `record_stream`-ed
-by the caller through `hand_over()`, so the caching allocator does not reuse them early.
+by the caller through `hand_over()` / `hand_back()`, so the caching allocator does not reuse
+them early.
 On CPU every call runs in program order and events are None.
 
 `trace`, when a list, gets (op_name, stream_id) for every op issued through `note()`: the GPU
@@ -58,6 +59,16 @@ class StreamPair:
         """Make the current stream wait for a `comm()` block's event (no-op on CPU)."""
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def hand_back(self, *tensors: torch.Tensor) -> None:
+        """Tensors allocated on the communication stream, now used on the current stream: keep
+        the allocator from handing their memory to the next communication-stream allocation
+        before the current stream is done with them (CUDA only)."""
+        if self.cuda:
+            current = torch.cuda.current_stream(self.device)
+            for t in tensors:
+                if t.is_cuda:
+                    t.record_stream(current)
 
     def hand_over(self, *tensors: torch.Tensor) -> None:
         """Tensors used on the communication stream but allocated on another (CUDA only)."""

@@ -116,9 +116,10 @@ class ToyAttention:
         t = mb.num_tokens
         req, pos = self._tokens(mb)
         q = mb.state.pop("attn_q")  # [T, D]
-        keys = self.k_cache[layer][req].float()  # [T, S, D]
-        vals_t = self.v_cache[layer][req].float().transpose(1, 2).contiguous()  # [T, D, S]
-        scores = (q.float()[:, None, :] * keys).sum(-1) * q.shape[-1] ** -0.5  # [T, S]
+        acc = rowwise.acc_dtype(q.dtype)
+        keys = self.k_cache[layer][req].to(acc)  # [T, S, D]
+        vals_t = self.v_cache[layer][req].to(acc).transpose(1, 2).contiguous()  # [T, D, S]
+        scores = (q.to(acc)[:, None, :] * keys).sum(-1) * q.shape[-1] ** -0.5  # [T, S]
         future = torch.arange(self.max_len, device=q.device)[None, :] > pos[:, None]  # [T, S]
         scores = scores.masked_fill(future, float("-inf"))
         e = torch.exp(scores - scores.max(-1, keepdim=True).values)  # [T, S]
