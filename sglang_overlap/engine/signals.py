@@ -18,6 +18,10 @@ attached producer until `mark(unit)` has been issued, then
     CPU:  checks the counter equals expect_value (torch._assert_async: no Python-level sync);
     CUDA: makes the current (communication) stream wait for the event recorded by `mark`.
 `finish()` runs the producer to the end (units nobody waited for, e.g. empty experts).
+
+Kernel producers (a GEMM that bumps the counters itself) call `marked_on_device()` instead of
+`mark()`; consumers then poll `signal` in a kernel (DeepEP's `low_latency_combine(overlap=True,
+src_signals=signal, src_signal_expect_value=expect_value)`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class SignalContract:
         self._events: dict[int, torch.cuda.Event] = {}
         self._producer: Iterator[None] | None = None
         self._producer_stream: torch.cuda.Stream | None = None
+        self._device_marks = False
+        self._done_event: torch.cuda.Event | None = None
 
     @property
     def num_units(self) -> int:
@@ -82,7 +88,7 @@ class SignalContract:
         self._counters[unit] += self.layout.expect_value
         self._marked.add(unit)
         if self.device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(torch.cuda.current_stream(self.device))
             self._events[unit] = event
 
@@ -105,9 +111,25 @@ class SignalContract:
             self._producer = None
         return not done
 
+    def marked_on_device(self, done: torch.cuda.Event | None = None) -> None:
+        """For kernel producers (a signal-emitting GEMM bumps `signal` itself): no host marks.
+
+        Kernel consumers poll `signal` and need nothing else. A torch consumer then waits for
+        `done` (an event recorded after the whole GEMM): correct, without the overlap.
+        """
+        self._device_marks = True
+        self._done_event = done
+
     # consumer side -------------------------------------------------------------------------
     def wait(self, unit: int) -> None:
         """Block the consumer (the current stream on CUDA) until `unit` is final."""
+        if self._device_marks:
+            if self._done_event is None:
+                raise SignalError(
+                    f"SBO unit {unit}: units are marked by a kernel and no completion event was "
+                    "given; consume them with a kernel that polls `signal`")
+            torch.cuda.current_stream(self.device).wait_event(self._done_event)
+            return
         while unit not in self._marked:
             if not self._advance():
                 raise SignalError(
@@ -123,7 +145,10 @@ class SignalContract:
             )
 
     def finish(self) -> None:
-        """Run the producer to its end; afterwards every unit must be marked."""
+        """Run the producer to its end; afterwards every unit must be marked (unless the
+        units are marked on the device, where the host cannot see them)."""
+        if self._device_marks:
+            return
         while self._advance():
             pass
         if len(self._marked) != self.num_units:

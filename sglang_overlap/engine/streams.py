@@ -27,7 +27,7 @@ class StreamPair:
             torch.cuda.current_stream(self.device) if self.cuda else None
         )
         self.comm_stream: torch.cuda.Stream | None = (
-            torch.cuda.Stream(self.device) if self.cuda else None
+            torch.cuda.Stream(self.device) if self.cuda else None  # type: ignore[no-untyped-call]
         )
         self.trace = trace
 
@@ -51,7 +51,7 @@ class StreamPair:
         with torch.cuda.stream(self.comm_stream):
             self.note(op)
             yield holder
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(self.comm_stream)
         holder[0] = event
 

@@ -156,3 +156,11 @@ def test_units_cover_the_expert_output() -> None:
         assert (covered == 1).all(), f"{gran=} {bm=}"
     assert SignalContract(layout("expert"), "cpu").signal.dtype == torch.uint32
     assert SignalContract(layout("block"), "cpu").signal.dtype == torch.int32
+
+
+def test_kernel_marked_units_need_a_kernel_consumer_or_an_event() -> None:
+    sig = SignalContract(layout("expert"), "cpu")
+    sig.marked_on_device()
+    sig.finish()  # the host cannot check device marks
+    with pytest.raises(SignalError, match="marked by a kernel"):
+        sig.wait(0)
