@@ -15,6 +15,28 @@ sends each token once per destination rank; this backend expands the received to
 row per (token, k) pair targeting a local expert (the engine's normal layout), and before the
 combine reduces them per token with the top-k weights, because DeepEP's normal combine sums
 without weights.
+
+The DeepEP calls and their tensors (DeepEP's own documentation, sgl-deep-ep 0.1.2.post1):
+  low_latency_dispatch(x, topk_idx, N, E, use_fp8=False, async_finish=False,
+                       return_recv_hook=True) -> (recv_x, recv_count, handle, event, hook)
+      x: [T, H] bf16, T <= N; topk_idx: [T, K] int64, -1 = unrouted
+      recv_x: [E_local, C, H] bf16, row c of expert e valid iff c < recv_count[e]
+      recv_count: [E_local] int32; hook(): completes the receive
+  low_latency_combine(x, topk_idx, topk_weights, handle, async_finish=False,
+                      return_recv_hook=True, **overlap) -> (combined_x, event, hook)
+      x: [E_local, C, H] bf16 expert outputs (unweighted); topk_idx: [T, K] int64 as dispatched;
+      topk_weights: [T, K] float32; combined_x: [T, H] bf16 = sum_k w[t, k] * out[t, k]
+  get_dispatch_layout(topk_idx, E, previous_event, async_finish=True,
+                      allocate_on_comm_stream=True)
+      -> (num_tokens_per_rank [W] int32, num_tokens_per_rdma_rank [W/8] int32 | None,
+          num_tokens_per_expert [E] int32, is_token_in_rank [T, W] bool, event)
+  dispatch(x, topk_idx=, topk_weights=, <the four layout tensors>, previous_event=,
+           async_finish=True, allocate_on_comm_stream=True)
+      -> (recv_x [Rt, H] bf16, recv_topk_idx [Rt, K] int64 local ids, -1 = not on this rank,
+          recv_topk_weights [Rt, K] float32 (0 where -1), num_recv_tokens_per_expert list,
+          handle, event)
+  combine(x [Rt, H] bf16, handle, previous_event=, async_finish=True,
+          allocate_on_comm_stream=True) -> (combined_x [T, H] bf16 (a plain sum), None, event)
 """
 
 from __future__ import annotations

@@ -272,3 +272,17 @@ def test_hooks_resolve_in_sglang(tiny_model: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "ok 5" in done.stdout, done.stderr[-3000:]
+
+
+def test_masked_gemm_without_plugin_layout_is_upstreams_call() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def orig(*a: Any, **k: Any) -> str:
+        calls.append((a, k))
+        return "deep_gemm"
+
+    assert sbo._masked_gemm(orig, "lhs", "rhs", "out", "m", 5) == "deep_gemm"
+    upstream_args = object()  # DeepGEMM-native signals (fine_grained via deep_gemm): untouched
+    assert sbo._masked_gemm(orig, "lhs", "rhs", "out", "m", 5, overlap_args=upstream_args,
+                            max_block_n=160) == "deep_gemm"
+    assert calls[1][1]["overlap_args"] is upstream_args and calls[1][1]["max_block_n"] == 160
