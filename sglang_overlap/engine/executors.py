@@ -17,6 +17,8 @@ Legend: N parent tokens, H hidden; T child tokens (+ pad rows up to the child's 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from sglang_overlap.engine.interfaces import Layout
@@ -110,7 +112,7 @@ def execute_tbo(
     hidden: torch.Tensor,
     plan: TwoBatchPlan,
     *,
-    schedule: str = "decode",
+    schedule: Literal["decode", "prefill"] = "decode",
     attention: AttentionOps | None = None,
     layout: Layout | None = None,
     order_out: list[str] | None = None,
@@ -129,7 +131,7 @@ def execute_tbo(
         raise ValueError(f"TBO plan does not tile the batch: children {first.token_start}:"
                          f"{first.token_end}, {second.token_start}:{second.token_end}, "
                          f"N={hidden.shape[0]}")
-    program = build_program(layers, attention, schedule, layout=layout)  # type: ignore[arg-type]
+    program = build_program(layers, attention, schedule, layout=layout)
     a, b = split_micro_batches(hidden, plan)
     order = run_interleaved(program, a, b, SCHEDULE_DELTA[schedule])
     if order_out is not None:

@@ -76,6 +76,10 @@ class MoeLayer:
     dispatcher: Dispatcher
     shared_w13: torch.Tensor | None = None  # [2 * I_shared, H]
     shared_w2: torch.Tensor | None = None  # [H, I_shared]
+    gate_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Replaces the gate GEMM: hidden [T, H] -> logits [T, E] (e.g. the model's own gate)."""
+    shared_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Replaces the shared-expert weights: hidden [T, H] -> [T, H] (e.g. an fp8 shared MLP)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,10 @@ Program = list[Op | str]
 
 def _moe_ops(layer: MoeLayer, layout: Layout, sbo: SboConfig | None) -> dict[str, Op]:
     def gate(mb: MicroBatch) -> None:
-        mb.state["logits"] = gate_logits(mb.hidden, layer.gate_w)  # [T, E]
+        if layer.gate_fn is not None:
+            mb.state["logits"] = layer.gate_fn(mb.hidden)  # [T, E]
+        else:
+            mb.state["logits"] = gate_logits(mb.hidden, layer.gate_w)  # [T, E]
 
     def select(mb: MicroBatch) -> None:
         ids, weights = select_experts(mb.state.pop("logits"), layer.bias, layer.router)
@@ -141,7 +148,9 @@ def _moe_ops(layer: MoeLayer, layout: Layout, sbo: SboConfig | None) -> dict[str
         mb.state["routed"] = layer.dispatcher.combine_recv(mb.state.pop("pending_combine"))
 
     def shared(mb: MicroBatch) -> None:
-        if layer.shared_w13 is not None and layer.shared_w2 is not None:
+        if layer.shared_fn is not None:
+            mb.state["shared"] = layer.shared_fn(mb.hidden)
+        elif layer.shared_w13 is not None and layer.shared_w2 is not None:
             mb.state["shared"] = reference.swiglu(mb.hidden, layer.shared_w13, layer.shared_w2)
 
     def output(mb: MicroBatch) -> None:

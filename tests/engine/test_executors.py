@@ -131,3 +131,34 @@ def test_bad_schedule_and_plan_are_refused() -> None:
         executors.execute_tbo(layers, case.hidden(), case.plan(), schedule="sbo")
     with pytest.raises(ValueError, match="does not tile"):
         executors.execute_tbo(layers, torch.zeros(3, 64), case.plan())
+
+
+def test_gate_and_shared_callables_replace_the_weights() -> None:
+    """The glue can hand in the model's own gate and shared expert as callables."""
+    from dataclasses import replace
+
+    from sglang_overlap.engine.reference import swiglu
+    from sglang_overlap.engine.router import gate_logits
+
+    case = CASES["decode_bs7"]
+    want = run(case, "tbo", lambda c: local_layers(c, 8))
+    calls: list[str] = []
+
+    def with_fns(c: Case) -> list:  # type: ignore[type-arg]
+        out = []
+        for layer in local_layers(c, 8):
+            def gate(h: torch.Tensor, w: torch.Tensor = layer.gate_w) -> torch.Tensor:
+                calls.append("gate")
+                return gate_logits(h, w)
+
+            def shared(h: torch.Tensor, w13: torch.Tensor = layer.shared_w13,
+                       w2: torch.Tensor = layer.shared_w2) -> torch.Tensor:
+                calls.append("shared")
+                return swiglu(h, w13, w2)
+
+            out.append(replace(layer, gate_w=torch.zeros_like(layer.gate_w), shared_w13=None,
+                               shared_w2=None, gate_fn=gate, shared_fn=shared))
+        return out
+
+    assert_bitwise(run(case, "tbo", with_fns), want, "callables")
+    assert calls.count("gate") == calls.count("shared") == 2 * 2  # 2 layers x 2 micro-batches
