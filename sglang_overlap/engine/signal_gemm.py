@@ -41,7 +41,10 @@ class SignalGemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     ctas_per_sm: int = 2
-    """Persistent programs per SM the GEMM may use; 0 = one program per tile (not persistent)."""
+    """Persistent programs per SM the GEMM may use; 0 = one program per tile (not persistent:
+    fastest alone, but every tile runs at once, so units finish together and overlap little)."""
+    k_unroll: int = 1
+    """128-wide K steps per pipelined iteration (used when K / 128 is a multiple of it)."""
 
     def programs(self, sms: int) -> int | None:
         """The grid cap for `grouped_gemm_fp8_signal` on `sms` SMs (None: one per tile)."""
@@ -49,9 +52,11 @@ class SignalGemmConfig:
 
 
 def default_config(expected_m: int) -> SignalGemmConfig:
-    """Tile choice by the expected rows per expert (memory-bound below ~64 rows)."""
+    """Tile choice by the expected rows per expert, from the H200 sweep (benchmarks/gpu_suite.py):
+    memory-bound up to ~64 rows, where a persistent 2-per-SM grid is within ~2% of the best
+    one-shot grid and finishes experts in order."""
     if expected_m <= 64:
-        return SignalGemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
+        return SignalGemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4, ctas_per_sm=2)
     return SignalGemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, ctas_per_sm=1)
 
 
@@ -96,7 +101,7 @@ def _kernels() -> dict[str, Any]:
                     m_cap, n, k, num_units, blocks_per_expert, n_tiles, num_progs,
                     s_ae, s_am, s_ase, s_asm, s_asg, s_be, s_bn, s_bse, s_bsn, s_bsg, s_de, s_dm,
                     SIGNAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr):
         # tile t -> (expert, n tile, m block), m innermost: the m blocks that share a weight tile
         # run side by side and hit it in L2; experts finish in order.
         tiles_per_expert = blocks_per_expert * n_tiles
@@ -118,14 +123,14 @@ def _kernels() -> dict[str, Any]:
             as_ptrs = as_ptr + e * s_ase + offs_m * s_asm
             bs_ptrs = bs_ptr + e * s_bse + (offs_n // 128) * s_bsn
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kk in range(0, k_steps):
-                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)  # [BM, BK] fp8
-                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)  # [BK, BN] fp8
-                sa = tl.load(as_ptrs + kk * s_asg, mask=row_ok, other=0.0)  # [BM]
-                sb = tl.load(bs_ptrs + kk * s_bsg, mask=col_ok, other=0.0)  # [BN]
-                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K
+            for kk in range(0, k_steps, K_UNROLL):
+                for u in tl.static_range(K_UNROLL):
+                    ks = kk + u
+                    a = tl.load(a_ptrs + ks * BLOCK_K, mask=row_ok[:, None], other=0.0)  # [BM, BK]
+                    b = tl.load(b_ptrs + ks * BLOCK_K, mask=col_ok[None, :], other=0.0)  # [BK, BN]
+                    sa = tl.load(as_ptrs + ks * s_asg, mask=row_ok, other=0.0)  # [BM]
+                    sb = tl.load(bs_ptrs + ks * s_bsg, mask=col_ok, other=0.0)  # [BN]
+                    acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
             d_ptrs = d_ptr + e * s_de + offs_m[:, None] * s_dm + offs_n[None, :]
             tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
             if SIGNAL != 0:
@@ -199,6 +204,7 @@ def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
         b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1), b_scale.stride(2),
         out.stride(0), out.stride(1),
         SIGNAL=mode, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK_K,
+        K_UNROLL=config.k_unroll if (k // BLOCK_K) % config.k_unroll == 0 else 1,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 

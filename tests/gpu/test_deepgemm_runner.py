@@ -158,3 +158,65 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str) -> None:
                                                slice_experts=2)
 
     check_overlapped(case, layout, *run_overlapped(case, layout, None, producer=producer))
+
+
+def _runner_pair(e: int, hidden: int, inter: int):
+    from sglang_overlap.engine import fp8
+    from sglang_overlap.engine.deepgemm import DeepGemmExpertRunner
+    from sglang_overlap.engine.reference import ReferenceExperts
+
+    runner = DeepGemmExpertRunner(_weights(e, 2 * inter, hidden, 31),
+                                  _weights(e, hidden, inter, 32))
+    w = runner.weights  # the reference runs on the same fp8 weights, dequantised to fp64
+    ref = ReferenceExperts(fp8.dequant_per_block(w.w13, w.w13_scale),
+                           fp8.dequant_per_block(w.w2, w.w2_scale))
+    return runner, ref
+
+
+@pytest.mark.parametrize("expected_m", [0, 64, 128])
+def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
+    """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices (choose_signal_path).
+    """
+    from sglang_overlap.engine.deepgemm import choose_signal_path
+    from sglang_overlap.engine.interfaces import LowLatencyDispatchOutput, SignalContract
+    from sglang_overlap.planning.sbo_layout import plan_sbo_layout
+
+    e, cap, hidden, inter = 4, 128, 2048, 512
+    runner, ref = _runner_pair(e, hidden, inter)
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    x = torch.randn((e, cap, hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
+    masked = torch.tensor([128, 0, 77, 5], dtype=torch.int32, device="cuda")
+    signal = None
+    if expected_m:
+        lay = plan_sbo_layout(num_local_experts=e, capacity=cap, block_m=64, block_n=128,
+                              hidden=hidden, num_sms=132, comm_num_sms=4, granularity="expert")
+        signal = SignalContract(lay, "cuda")
+    got = runner.run_low_latency(LowLatencyDispatchOutput(x, masked, max(expected_m, 1), None),
+                                 signal=signal)
+    want = ref.run_low_latency(LowLatencyDispatchOutput(x.double(), masked, 1, None))
+    torch.cuda.synchronize()
+    valid = torch.arange(cap, device="cuda")[None, :] < masked[:, None]
+    diff = _calc_diff(got[valid], want[valid])
+    assert got.dtype == torch.bfloat16 and diff < 5e-3, f"{diff=} {expected_m=}"
+    if signal is not None:
+        path = choose_signal_path(expected_m)
+        assert signal.signal.view(torch.int32).tolist() == [lay.expect_value] * e, path
+
+
+def test_runner_normal_matches_reference(dg) -> None:
+    from sglang_overlap.engine.interfaces import NormalDispatchOutput
+
+    e, hidden, inter = 4, 2048, 512
+    runner, ref = _runner_pair(e, hidden, inter)
+    counts = torch.tensor([5, 0, 130, 1], device="cuda")
+    row_expert = torch.cat([torch.arange(e, device="cuda").repeat_interleave(counts),
+                            torch.full((3,), -1, device="cuda")]).int()  # 3 padding rows
+    gen = torch.Generator(device="cuda").manual_seed(34)
+    x = torch.randn((row_expert.numel(), hidden), generator=gen, device="cuda",
+                    dtype=torch.bfloat16)
+    got = runner.run_normal(NormalDispatchOutput(x, row_expert, counts.int(), None))
+    want = ref.run_normal(NormalDispatchOutput(x.double(), row_expert, counts.int(), None))
+    torch.cuda.synchronize()
+    valid = row_expert >= 0
+    diff = _calc_diff(got[valid], want[valid])
+    assert diff < 5e-3 and bool((got[~valid] == 0).all()), f"{diff=}"
