@@ -30,6 +30,7 @@ def all_hook_specs() -> list:  # list[HookSpec]
 
 # Glue modules that contribute hooks (module, attribute holding a tuple of HookSpec).
 _OPTIONAL_GLUE: tuple[tuple[str, str], ...] = (
+    ("sglang_overlap.sglang.tbo", "SPLIT_HOOKS"),
     ("sglang_overlap.sglang.moe", "MOE_HOOKS"),
     ("sglang_overlap.sglang.sbo", "SBO_HOOKS"),
 )

@@ -8,6 +8,7 @@ two_chunk=False; upstream keeps a zero-token copy of the request in child A.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,19 @@ tbo = pytest.importorskip(
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _upstream_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compare against SGLang's own functions even when the plugin's hooks replaced them in this
+    process (any test that loads plugins does): upstream's functions call each other through
+    module globals, so every replaced one is put back for the duration of a test."""
+    for name in ("compute_split_seq_index", "compute_split_token_index",
+                 "_is_two_chunk_split_enabled"):
+        fn = getattr(tbo, name)
+        if hasattr(fn, "__wrapped__"):
+            monkeypatch.setattr(tbo, name, inspect.unwrap(fn))
+        assert getattr(tbo, name).__module__ == tbo.__name__, name
 
 
 @pytest.fixture(autouse=True)
