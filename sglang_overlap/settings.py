@@ -57,6 +57,15 @@ class OverlapSettings:
     )
     """--tbo-token-distribution-threshold (SGLang's flag, same meaning)."""
 
+    moe_a2a_backend: str = dataclasses.field(
+        default="none",
+        metadata={"help": "Expert-parallel all-to-all backend. The plugin adds torch_a2a: "
+                  "torch.distributed all-to-all over the tensor-parallel group (gloo on CPU, "
+                  "NCCL on GPU), for machines without DeepEP.", "upstream": True,
+                  "metavar": "BACKEND"},
+    )
+    """--moe-a2a-backend (SGLang's flag; the plugin adds the choice torch_a2a)."""
+
     overlap_gating: GatingPolicy = dataclasses.field(
         default="always",
         metadata={"help": "always: run each enabled overlap mode on every eligible step. auto: per "

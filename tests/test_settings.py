@@ -41,6 +41,7 @@ def test_upstream_names_are_sglangs() -> None:
         "--enable-two-batch-overlap",
         "--enable-single-batch-overlap",
         "--tbo-token-distribution-threshold",
+        "--moe-a2a-backend",
     }
     assert all(flag_name(f.name) not in {"--enable-two-batch-overlap"} for f in plugin_fields())
 

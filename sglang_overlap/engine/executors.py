@@ -32,6 +32,7 @@ from sglang_overlap.engine.stages import (
     build_program,
     split_stages,
 )
+from sglang_overlap.planning.interleave import interleaved_order
 from sglang_overlap.planning.two_batch import TwoBatchPlan
 
 
@@ -45,23 +46,12 @@ def run_program(program: Program, mb: MicroBatch) -> None:
 def run_interleaved(program: Program, a: MicroBatch, b: MicroBatch, delta: int) -> list[str]:
     """A runs `delta` stages ahead, then A and B alternate; returns the order as 'A3', 'B0'..."""
     stages = split_stages(program)
-    n = len(stages)
-    if not 0 <= delta <= n:
-        raise ValueError(f"TBO delta_stages={delta} must be in [0, {n}] (stages of the program)")
     order: list[str] = []
-
-    def step(mb: MicroBatch, name: str, idx: int) -> None:
+    for which, idx in interleaved_order(len(stages), delta):
+        mb = (a, b)[which]
         for op in stages[idx]:
             op.fn(mb)
-        order.append(f"{name}{idx}")
-
-    for i in range(delta):
-        step(a, "A", i)
-    for i in range(delta, n):
-        step(a, "A", i)
-        step(b, "B", i - delta)
-    for i in range(n - delta, n):
-        step(b, "B", i)
+        order.append(f"{'AB'[which]}{idx}")
     return order
 
 

@@ -100,7 +100,7 @@ def settings_of(server_args: Any) -> OverlapSettings:
     upstream = {
         name: getattr(server_args, name)
         for name in ("enable_two_batch_overlap", "enable_single_batch_overlap",
-                     "tbo_token_distribution_threshold")
+                     "tbo_token_distribution_threshold", "moe_a2a_backend")
         if hasattr(server_args, name)
     }
     return _env_settings(OverlapSettings.from_mapping(upstream))
