@@ -174,13 +174,30 @@ def _parse(argv: list[str], flags: dict[str, Any]) -> tuple[OverlapSettings, Any
         flags["errors"].append(str(exc))
         return OverlapSettings(), None, 1
     except SystemExit as exc:
-        flags["errors"].append(f"SGLang's parser rejected the server flags (exit {exc.code})")
-        return OverlapSettings(), None, 2
+        flags["errors"].append(f"SGLang's parser rejected the server flags (exit {exc.code}; "
+                               "its message is above); the paths below read only the "
+                               "overlap and MoE flags")
+        settings, ns = _overlap_flags_only(argv)
+        return settings, ns, 2
     from sglang_overlap.settings import validate_settings
     from sglang_overlap.sglang.args import deployment_of
 
     flags["warnings"] = validate_settings(settings, deployment_of(server_args))
     return settings, server_args, 0
+
+
+def _overlap_flags_only(argv: list[str]) -> tuple[OverlapSettings, argparse.Namespace]:
+    """The overlap and MoE flags alone, for a report when SGLang's parser rejects the rest."""
+    from sglang_overlap.settings import add_arguments
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_arguments(p, include_upstream=True)
+    for flag, default in (("--moe-a2a-backend", "none"), ("--moe-runner-backend", "auto"),
+                          ("--deepep-mode", "auto")):
+        if flag not in p._option_string_actions:  # noqa: SLF001 - argparse has no public view
+            p.add_argument(flag, default=default)
+    ns, _ = p.parse_known_args(argv)
+    return OverlapSettings.from_mapping(vars(ns)), ns
 
 
 def _print(out: dict[str, Any]) -> None:

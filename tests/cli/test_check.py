@@ -95,3 +95,11 @@ def test_text_report_with_import_check(capsys: pytest.CaptureFixture[str]) -> No
     assert "GPU (assumed): assumed SM90" in text
     if package_dir("deep_ep") is not None and not torch.cuda.is_available():
         assert "deep_ep 0.1.2.post1: does not import (ImportError" in text
+
+
+def test_rejected_server_flags_still_report_the_overlap_paths(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", "--enable-single-batch-overlap",
+                     "--moe-a2a-backend", "deepep", "--no-such-sglang-flag")
+    assert rc == 2 and any("rejected" in e for e in out["flags"]["errors"])
+    assert out["sbo"]["path"] == ("per_expert" if HAS_TRITON else "shared_expert_only")
