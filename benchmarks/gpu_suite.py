@@ -319,8 +319,9 @@ def tables(rows: list[dict]) -> str:
     out += ["", "### GEMM + consumer (local combine) on the comm SMs: one after the other vs "
             "overlapped (us; ratio = overlapped / serial)",
             "| E | M | comm SMs | consumer alone | fused serial | fused overlapped | ratio | "
-            "ideal | fused per-block serial | overlapped | ratio | DG sliced E/4 serial | overlapped | "
-            "ratio | best plain GEMM + consumer on all SMs | fused tile (persistent) | checked |",
+            "ideal | fused per-block serial | overlapped | ratio | DG sliced E/4 serial | "
+            "overlapped | ratio | best plain GEMM + consumer on all SMs | "
+            "fused tile (persistent) | checked |",
             "|" + "---|" * 17]
     for r in rows:
         if "error" in r:
