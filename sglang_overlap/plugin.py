@@ -31,14 +31,17 @@ def all_hook_specs() -> list:  # list[HookSpec]
 # Glue modules that contribute hooks (module, attribute holding a tuple of HookSpec).
 _OPTIONAL_GLUE: tuple[tuple[str, str], ...] = (
     ("sglang_overlap.sglang.tbo", "SPLIT_HOOKS"),
+    ("sglang_overlap.sglang.a2a_backend", "A2A_HOOKS"),
     ("sglang_overlap.sglang.moe", "MOE_HOOKS"),
     ("sglang_overlap.sglang.sbo", "SBO_HOOKS"),
 )
 
 
 def register() -> None:
-    from sglang_overlap.sglang.hooks import install
+    from sglang_overlap.sglang import a2a_backend
+    from sglang_overlap.sglang.hooks import install, install_resolution_hooks
 
     new = install(all_hook_specs())
+    install_resolution_hooks(a2a_backend.RESOLUTION_HOOKS)
     if new:
         logger.debug("sglang-overlap: registered %d hooks", len(new))

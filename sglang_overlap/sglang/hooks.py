@@ -41,3 +41,12 @@ def install(specs: Iterable[HookSpec]) -> list[HookSpec]:
         _installed.add(key)
         new.append(spec)
     return new
+
+
+def install_resolution_hooks(steps: Iterable[tuple[str, Callable[..., Any]]]) -> None:
+    """Register `fn(server_args, previous)` on SGLang's overridable resolution steps, once."""
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
+
+    for step, fn in steps:
+        if fn not in _HOOKS.get(step, ()):
+            register_resolution_hook(step)(fn)
