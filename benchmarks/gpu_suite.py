@@ -141,10 +141,12 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
         num_programs=cfg.programs(sms)))
     lay_x = layout(cfg, "expert")
     sig_x = new_signal(lay_x, "cuda")
-    for name, size in (("dg_sliced1_us", 1), ("dg_slicedq_us", max(1, e // 4)),
-                       ("dg_slicedh_us", max(1, e // 2))):
-        res[name] = graph_time_us(lambda s=size: deepgemm.sliced_masked_gemm_signal(
-            a, a_s, b, b_s, out, masked, m, signal=sig_x, layout=lay_x, slice_experts=s))
+    for name, size, streams in (("dg_sliced1_us", 1, 1), ("dg_slicedq_us", max(1, e // 4), 1),
+                                ("dg_slicedh_us", max(1, e // 2), 1),
+                                ("dg_slicedq2_us", max(1, e // 4), 2)):
+        res[name] = graph_time_us(lambda s=size, st=streams: deepgemm.sliced_masked_gemm_signal(
+            a, a_s, b, b_s, out, masked, m, signal=sig_x, layout=lay_x, slice_experts=s,
+            streams=st))
     # overlap needs units that finish in order: the best persistent grid
     res.update(_overlap(e, m, comm_sms, best_persistent[1], a, a_s, b, b_s, masked, out, layout,
                         combine_consume, combine_reference, grouped_gemm_fp8_signal, new_signal,
@@ -201,6 +203,12 @@ def _overlap(e, m, comm_sms, cfg, a, a_s, b, b_s, masked, out, layout, combine_c
             deepgemm.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
                                                layout=lay, slice_experts=max(1, e // 4))
 
+    def sliced2() -> None:
+        with deepgemm.num_sms_scope(lay.compute_num_sms):
+            deepgemm.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
+                                               layout=lay, slice_experts=max(1, e // 4),
+                                               streams=2)
+
     def serial(producer, la, sg) -> Callable[[], None]:
         def fn() -> None:
             sg.zero_()
@@ -222,12 +230,14 @@ def _overlap(e, m, comm_sms, cfg, a, a_s, b, b_s, masked, out, layout, combine_c
                "consumer_all_us": graph_time_us(
                    lambda: consume(lay_all, sig, res["sms"] * 4, False))}
     for name, producer, la, sg in (("fused", fused, lay, sig), ("fusedblk", fused_block, lay_b,
-                                   sig_b), ("sliced", sliced, lay, sig)):
+                                   sig_b), ("sliced", sliced, lay, sig),
+                                   ("sliced2", sliced2, lay, sig)):
         r[f"{name}_serial_us"] = graph_time_us(serial(producer, la, sg))
         r[f"{name}_overlap_us"] = graph_time_us(overlapped(producer, la, sg))
     # one checked run after the timings: poisoned output, fresh accumulator
     ok = err.item() == 0
-    for producer, la, sg in ((fused, lay, sig), (fused_block, lay_b, sig_b), (sliced, lay, sig)):
+    for producer, la, sg in ((fused, lay, sig), (fused_block, lay_b, sig_b), (sliced, lay, sig),
+                             (sliced2, lay, sig)):
         out.fill_(float("nan"))
         acc.zero_()
         overlapped(producer, la, sg)()
@@ -304,7 +314,8 @@ def tables(rows: list[dict]) -> str:
            "masked_m = M, capacity = M rounded up to 64)",
            "| E | M | DG plain | Triton plain | Triton+expert sig | ratio | Triton+block sig | "
            "ratio | DG sliced 1 | ratio | DG sliced E/4 | ratio | DG sliced E/2 | ratio | "
-           "best tile | diff DG / Triton |", "|" + "---|" * 16]
+           "DG sliced E/4 on 2 streams | ratio | best tile | diff DG / Triton |",
+           "|" + "---|" * 18]
     for r in rows:
         if "error" in r:
             out.append(f"| {r['E']} | {r['M']} | failed: {r['error'][:120]} |")
@@ -312,7 +323,7 @@ def tables(rows: list[dict]) -> str:
         dg = r["dg_us"]
         cells = [r["E"], r["M"], _fmt(dg), _fmt(r["tri_plain_us"])]
         for key in ("tri_expert_us", "tri_block_us", "dg_sliced1_us", "dg_slicedq_us",
-                    "dg_slicedh_us"):
+                    "dg_slicedh_us", "dg_slicedq2_us"):
             cells += [_fmt(r[key]), f"{r[key] / dg:.2f}"]
         cells += [str(tuple(r["best_cfg"])), f"{r['dg_diff']:.1e} / {r['tri_diff']:.1e}"]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -320,15 +331,15 @@ def tables(rows: list[dict]) -> str:
             "overlapped (us; ratio = overlapped / serial)",
             "| E | M | comm SMs | consumer alone | fused serial | fused overlapped | ratio | "
             "ideal | fused per-block serial | overlapped | ratio | DG sliced E/4 serial | "
-            "overlapped | ratio | best plain GEMM + consumer on all SMs | "
-            "fused tile (persistent) | checked |",
-            "|" + "---|" * 17]
+            "overlapped | ratio | E/4 2 streams serial | overlapped | ratio | "
+            "best plain GEMM + consumer on all SMs | fused tile (persistent) | checked |",
+            "|" + "---|" * 20]
     for r in rows:
         if "error" in r:
             continue
         plain = min(r["dg_us"], r["tri_plain_us"]) + r["consumer_all_us"]
         cells = [r["E"], r["M"], r["comm_sms"], _fmt(r["consumer_comm_us"])]
-        for name in ("fused", "fusedblk", "sliced"):
+        for name in ("fused", "fusedblk", "sliced", "sliced2"):
             s, o = r[f"{name}_serial_us"], r[f"{name}_overlap_us"]
             cells += [_fmt(s), _fmt(o), f"{o / s:.2f}"]
             if name == "fused":  # the best overlap can do: the longer of the two alone

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from sglang_overlap.planning.sbo_layout import SboLayout
 
 SignalPath = Literal["fused", "sliced"]
+SLICED_STREAMS = 1  # streams the sliced path alternates its DeepGEMM launches over (1 or 2)
 
 
 def choose_signal_path(expected_m: int) -> SignalPath:
@@ -175,13 +176,37 @@ def contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
 def sliced_masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                               b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
                               expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
-                              slice_experts: int) -> None:
+                              slice_experts: int, streams: int = 1) -> None:
     """The signal form on unmodified DeepGEMM: one masked launch per slice of experts, each
-    followed on the same stream by a release store of the slice's final counter values."""
-    for start, end in plan_expert_slices(a.shape[0], slice_experts):
-        masked_gemm(a[start:end], a_scale[start:end], b[start:end], b_scale[start:end],
-                    out[start:end], masked_m[start:end], expected_m)
-        write_slice_signal(signal, layout, start, end)
+    followed on the same stream by a release store of the slice's final counter values.
+
+    streams=2 alternates slices between the current stream and a side stream (joined before
+    returning), so a slice's CTAs fill the SMs that the previous slice's tail leaves idle.
+    """
+    if streams not in (1, 2):
+        raise ValueError(f"streams must be 1 or 2 (got {streams})")
+    main = torch.cuda.current_stream() if streams == 2 else None
+    side = _side_stream(a.device) if main is not None else None
+    if side is not None:
+        side.wait_stream(main)
+    for i, (start, end) in enumerate(plan_expert_slices(a.shape[0], slice_experts)):
+        on_side = side is not None and i % 2 == 1
+        with torch.cuda.stream(side) if on_side else contextlib.nullcontext():
+            masked_gemm(a[start:end], a_scale[start:end], b[start:end], b_scale[start:end],
+                        out[start:end], masked_m[start:end], expected_m)
+            write_slice_signal(signal, layout, start, end)
+    if side is not None and main is not None:
+        main.wait_stream(side)
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
 
 
 @dataclass(frozen=True)
@@ -273,7 +298,8 @@ class DeepGemmExpertRunner:
                 with num_sms_scope(lay.compute_num_sms):
                     sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked_m, expected_m,
                                               signal=signal.signal, layout=lay,
-                                              slice_experts=max(1, a.shape[0] // 4))
+                                              slice_experts=max(1, a.shape[0] // 4),
+                                              streams=SLICED_STREAMS)
             else:
                 grouped_gemm_fp8_signal(a, a_s, b, b_s, masked_m, out, config=cfg,
                                         signal=signal.signal, layout=lay,

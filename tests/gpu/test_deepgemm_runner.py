@@ -140,8 +140,9 @@ def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
     assert not bool(got_v.isnan().any()) and diff < 5e-3, f"{diff=} {layout_kind=}"
 
 
+@pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("granularity", ["expert", "block"])
-def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str) -> None:
+def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int) -> None:
     from sglang_overlap.engine import deepgemm
     from sglang_overlap.engine.signal_gemm import plan_expert_slices
 
@@ -155,7 +156,7 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str) -> None:
         with deepgemm.num_sms_scope(layout.compute_num_sms):
             deepgemm.sliced_masked_gemm_signal(case.a, case.a_s, case.b, case.b_s, down,
                                                case.masked_m, 64, signal=sig, layout=layout,
-                                               slice_experts=2)
+                                               slice_experts=2, streams=streams)
 
     check_overlapped(case, layout, *run_overlapped(case, layout, None, producer=producer))
 
