@@ -72,7 +72,21 @@ def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> Non
     settings = settings_from_namespace(args)
     for warning in validate_settings(settings, deployment_of(args)):
         logger.warning("sglang-overlap: %s", warning)
+    _refuse_unavailable_sbo_path(settings, args)
     setattr(result, SETTINGS_ATTR, settings)
+
+
+def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: argparse.Namespace) -> None:
+    """On a GPU the SBO table speaks for, refuse a forced path the installed kernels lack now,
+    in the launcher, instead of in every scheduler process after the workers spawned."""
+    if not settings.enable_single_batch_overlap or settings.moe_a2a_backend == "torch_a2a":
+        return
+    from sglang_overlap.sglang.sbo import decide_sbo
+
+    decision, report = decide_sbo(settings, a2a_backend=settings.moe_a2a_backend,
+                                  runner_backend=str(getattr(args, "moe_runner_backend", "auto")))
+    if report.gpu.arch in ("sm90", "sm100") and decision.refusal is not None:
+        raise SettingsError(f"sglang-overlap: {decision.refusal}")
 
 
 def _env_settings(base: OverlapSettings) -> OverlapSettings:

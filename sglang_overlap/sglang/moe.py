@@ -69,6 +69,9 @@ def _gate() -> Any:
     return gate
 
 
+_last_mode: dict[str, str] = {}
+
+
 def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `_update_gather_batch`: with --overlap-gating auto, keep TBO for this step only if
     the gate picks it. Reads only what every rank shares after the DP all-gather."""
@@ -83,10 +86,15 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     extend = mode is not None and ForwardMode(mode).is_extend() and not (
         ForwardMode(mode).is_target_verify())
     tokens = list(mlp_sync_info.global_num_tokens or [mlp_sync_info.num_tokens])
-    decision = _gate().decide("prefill" if extend else "decode", tokens)
+    phase = "prefill" if extend else "decode"
+    decision = _gate().decide(phase, tokens)
     runtime.set_step_mode(decision.mode)
     stats.count(f"gate_{decision.mode}")
-    logger.debug("sglang-overlap gate: %s", decision.reason)
+    if _last_mode.get(phase) != decision.mode:
+        _last_mode[phase] = decision.mode
+        logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
+    else:
+        logger.debug("sglang-overlap gate: %s", decision.reason)
     if decision.mode not in ("tbo", "two_chunk"):
         mlp_sync_info.tbo_split_seq_index = None
         mlp_sync_info.global_forward_mode = None

@@ -145,3 +145,17 @@ def test_launch_server_help_lists_plugin_flags() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     for flag in ("--overlap-gating", "--sbo-down-gemm-overlap", "--overlap-hardware-profile"):
         assert flag in proc.stdout
+
+
+def test_forced_sbo_path_the_kernels_lack_is_refused_at_parse(monkeypatch) -> None:
+    # On a Hopper description with the installed wheels (sgl-deep-ep 0.1.2.post1 has only the
+    # per-expert combine form), forcing per-block signals cannot work: refused before serving.
+    monkeypatch.setenv("SGLANG_OVERLAP_ASSUME_ARCH", "sm90")
+    with pytest.raises(SettingsError) as info:
+        parse_server_args([*MODEL, "--enable-single-batch-overlap", "--moe-a2a-backend",
+                           "deepep", "--sbo-down-gemm-overlap", "force",
+                           "--sbo-signal-granularity", "block"])
+    assert "deep_ep" in str(info.value) or "deep-ep" in str(info.value), str(info.value)
+    _, settings = parse_server_args([*MODEL, "--enable-single-batch-overlap",
+                                     "--moe-a2a-backend", "deepep"])
+    assert settings.sbo_down_gemm_overlap == "auto"
