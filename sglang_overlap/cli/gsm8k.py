@@ -40,6 +40,8 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds per request (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--dump", default=None, metavar="PATH",
+                   help="write one JSON line per question and server (output, answer, label)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -132,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     except ev.EvalError as exc:
         print(f"sglang-overlap gsm8k: error: {exc}", file=sys.stderr)
         return 2
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as f:
+            for r in results:
+                f.writelines(json.dumps(rec) + "\n" for rec in r.records())
     report: dict[str, Any]
     if len(results) == 2:
         comparison = ev.Comparison(results[0], results[1])

@@ -232,6 +232,14 @@ class EvalResult:
         """Generated tokens per second of wall time."""
         return self.output_tokens / self.latency_s if self.latency_s > 0 else 0.0
 
+    def records(self) -> list[dict[str, Any]]:
+        """One record per question, for inspecting answers."""
+        return [
+            {"url": self.url, "question": i, "label": y, "pred": p, "correct": p == y,
+             "output": o}
+            for i, (y, p, o) in enumerate(zip(self.labels, self.preds, self.outputs, strict=True))
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "url": self.url,
