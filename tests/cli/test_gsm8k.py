@@ -199,12 +199,18 @@ def oracles(data_file: Path) -> Iterator[tuple[str, str, type]]:
 
 
 def test_cli_single_server_json(oracles: tuple[str, str, type], data_file: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url, _, handler = oracles
+    dump = tmp_path / "dump.jsonl"
     rc = main(["gsm8k", "--url", url, "--data-path", str(data_file), "--num-questions", "6",
-               "--num-shots", "2", "--max-new-tokens", "33", "--parallel", "3", "--json"])
+               "--num-shots", "2", "--max-new-tokens", "33", "--parallel", "3", "--json",
+               "--dump", str(dump)])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
+    records = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert [(r["question"], r["label"], r["pred"], r["correct"]) for r in records] == [
+        (i, 2 * (i + 1), 2 * (i + 1), True) for i in range(6)]
+    assert records[0]["output"] == " so the answer is 2."
     assert out["num_questions"] == 6 and out["accuracy"] == 1.0 and out["invalid"] == 0.0
     assert out["output_tokens"] == 42 and out["errors"] == []
     seen = handler.seen  # type: ignore[attr-defined]
