@@ -1,8 +1,8 @@
 """`sglang-overlap launch CONFIG`: start the servers and the router a config describes.
 
-    sglang-overlap launch configs/h200-pd.toml
+    sglang-overlap launch configs/h200-pd-deepseek-v3.toml
     sglang-overlap launch configs/tiny-cpu-pd.toml --model-path /tmp/tiny-dsv3 --dry-run
-    sglang-overlap launch configs/h20-pd.toml --only decode --node-rank 1   # on decode node 1
+    sglang-overlap launch configs/h20-pd-deepseek-r1.toml --only decode --node-rank 1  # node 1
 
 Prefill and decode start together; the router starts once both answer /health and is ready
 when GET /workers lists both. Every child logs to its own file under --log-dir. Ctrl-C (or
