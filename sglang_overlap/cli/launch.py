@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _error(str(exc))
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while SGLang's parser runs: nothing started yet
+        _error("interrupted before anything was started")
+        return 130
     if args.dry_run:
         for spec in specs:
             ready = (f"GET {spec.health_url} lists {', '.join(spec.router_workers)}"
