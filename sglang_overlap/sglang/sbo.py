@@ -109,6 +109,15 @@ def _initialize_moe_config(orig: Any, *args: Any, **kwargs: Any) -> Any:
     if not overlap.enable_single_batch_overlap:
         return orig(*args, **kwargs)
     settings = current_settings()
+    if settings.moe_a2a_backend == "torch_a2a":
+        # The plugin's all-to-all backend (resolved to deepep) computes the experts and signals
+        # itself: no DeepEP/DeepGEMM kernel is involved, so no kernel table applies, and the
+        # SM90 refusal (about DeepGEMM's missing signal GEMM) does not either.
+        logger.info("sglang-overlap SBO: torch_a2a path (engine signal contract)")
+        with overlap.override(enable_single_batch_overlap=False):
+            result = orig(*args, **kwargs)
+        get_flags().moe.sbo_enabled = True
+        return result
     decision, report = decide_sbo(settings, a2a_backend=moe.moe_a2a_backend,
                                   runner_backend=moe.moe_runner_backend)
     _log_once(decision, report)

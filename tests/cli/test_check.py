@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ from sglang_overlap.cli.main import main  # noqa: E402
 from sglang_overlap.engine.probe import package_dir  # noqa: E402
 
 TINY = Path("/tmp/tiny-dsv3")
+# ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
+MAKE_TINY = Path(os.environ.get("SGLANG_OVERLAP_SHARED", Path(__file__).resolve().parents[3]
+                                / "shared")) / "sglang-cpu" / "make_tiny_dsv3.py"
 SBO = ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2",
        "--model-path", str(TINY), "--device", "cpu"]
 HAS_TRITON = package_dir("triton") is not None
@@ -24,7 +28,7 @@ HAS_TRITON = package_dir("triton") is not None
 @pytest.fixture(scope="module", autouse=True)
 def tiny_model() -> None:
     if not (TINY / "config.json").is_file():
-        subprocess.run([sys.executable, "/work/shared/sglang-cpu/make_tiny_dsv3.py", str(TINY)],
+        subprocess.run([sys.executable, str(MAKE_TINY), str(TINY)],
                        check=True, capture_output=True)
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("SGLANG_OVERLAP_SHARED", REPO.parent / "shared"))
 KIT = Path(os.environ.get("SGLANG_CPU_KIT", "/tmp/sglang-cpu"))
 
 
@@ -46,18 +45,6 @@ def sglang_cpu_env() -> dict[str, str]:
     env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-@pytest.fixture(scope="session")
-def tiny_dsv3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random DeepSeek-V3 checkpoint (3 layers, 8 routed + 1 shared expert, top-2)."""
-    maker = SHARED / "sglang-cpu" / "make_tiny_dsv3.py"
-    if not maker.is_file():
-        _missing(f"{maker} not found")
-    out = tmp_path_factory.mktemp("tiny-dsv3")
-    subprocess.run([sys.executable, str(maker), str(out)], check=True, capture_output=True,
-                   timeout=300)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from servers import Server
 
 pytestmark = pytest.mark.e2e
@@ -23,10 +22,14 @@ BATCH = ["Hello world! What is the capital of France?", "User: hi there.", "1 + 
          "Paris is the capital of", "the and of to in is that for it", "Assistant: hello, how"]
 NEW_TOKENS = 12
 
-A2A = ["--tp", "2", "--moe-a2a-backend", "torch_a2a"]
+# float32: in bf16, a different (but equally valid) summation order flips greedy choices where
+# the top two logits are within rounding (seen: gaps <= 0.004); in float32 they do not.
+TP2 = ["--tp", "2", "--dtype", "float32"]
+A2A = [*TP2, "--moe-a2a-backend", "torch_a2a"]
 CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "plain_without_plugin": (["--tp", "2"], {"SGLANG_PLUGINS": "cpu_shim"}),
-    "plain_with_plugin": (["--tp", "2"], {}),
+    "single_rank": (["--tp", "1", "--dtype", "float32"], {}),
+    "plain_without_plugin": (TP2, {"SGLANG_PLUGINS": "cpu_shim"}),
+    "plain_with_plugin": (TP2, {}),
     "a2a": (A2A, {}),
     "tbo": ([*A2A, "--enable-two-batch-overlap"], {}),
     "sbo": ([*A2A, "--enable-single-batch-overlap"], {}),
@@ -68,10 +71,11 @@ def test_overlap_outputs_equal_the_server_without_overlap(runs, mode: str) -> No
         assert have == want, f"{mode=} prompt {i}: {have=} {want=}"
 
 
-def test_torch_a2a_matches_plain_tensor_parallel(runs) -> None:
+def test_torch_a2a_matches_plain_tensor_parallel_and_a_single_rank(runs) -> None:
     # Same experts, other arithmetic order (all-to-all + per-expert GEMMs instead of a TP
-    # all-reduce of sharded experts): equal here at bf16 on this model and these prompts.
+    # all-reduce of sharded experts; one rank computing everything): equal in float32.
     assert runs["a2a"][0] == runs["plain_with_plugin"][0]
+    assert runs["a2a"][0] == runs["single_rank"][0]
 
 
 def test_tbo_and_two_chunk_paths_ran(runs) -> None:

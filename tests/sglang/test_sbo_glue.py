@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from sglang_overlap.settings import SettingsError  # noqa: E402
 from sglang_overlap.sglang import sbo  # noqa: E402
 
 TINY = Path("/tmp/tiny-dsv3")
+# ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
+MAKE_TINY = Path(os.environ.get("SGLANG_OVERLAP_SHARED", Path(__file__).resolve().parents[3]
+                                / "shared")) / "sglang-cpu" / "make_tiny_dsv3.py"
 BASE = ["--model-path", str(TINY), "--device", "cpu", "--tp", "2",
         "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
 INSTALLED_LEGACY = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}." \
@@ -35,7 +39,7 @@ INSTALLED_LEGACY = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}."
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
     if not (TINY / "config.json").is_file():
-        subprocess.run([sys.executable, "/work/shared/sglang-cpu/make_tiny_dsv3.py", str(TINY)],
+        subprocess.run([sys.executable, str(MAKE_TINY), str(TINY)],
                        check=True, capture_output=True)
     return TINY
 
@@ -47,8 +51,10 @@ def contexts(tiny_model: Path) -> dict[str, Any]:
     from sglang_overlap.sglang.args import parse_server_args
 
     out = {}
-    for name, extra in {"auto": [], "force": ["--sbo-down-gemm-overlap", "force"]}.items():
-        server_args, _ = parse_server_args(BASE + extra)
+    variants = {"auto": BASE, "force": [*BASE, "--sbo-down-gemm-overlap", "force"],
+                "torch_a2a": [*BASE[:-1], "torch_a2a"]}
+    for name, argv in variants.items():
+        server_args, _ = parse_server_args(argv)
         out[name] = create_context(server_args, role="scheduler")
     return out
 
@@ -118,6 +124,27 @@ def test_hook_lifts_refusal_and_picks_per_expert(contexts: dict[str, Any], sm90:
         sbo._initialize_moe_config(_upstream_init())  # a second call logs nothing new
     lines = [r.getMessage() for r in caplog.records if "SBO on sm90" in r.getMessage()]
     assert len(lines) == 1 and "per_expert" in lines[0] and "0.1.2.post1" in lines[0], lines
+
+
+def test_torch_a2a_sbo_starts_on_sm90_without_any_kernel(contexts: dict[str, Any], sm90: None,
+                                                         tmp_path: Path) -> None:
+    # torch_a2a computes experts and signals in the engine: even with no deep_ep/deep_gemm/triton
+    # at all, SBO must start on Hopper (upstream would refuse), and no kernel path is chosen.
+    from sglang.srt.runtime_context import get_flags, use_context
+
+    from sglang_overlap.sglang import runtime
+
+    nothing = probe(assume_arch="sm90", search_path=[str(tmp_path)])
+    assert nothing.deep_ep.version is None and not nothing.triton
+    with use_context(contexts["torch_a2a"]), sbo.probe_override(nothing):
+        runtime.configure(None)
+        try:
+            sbo._initialize_moe_config(_upstream_init())
+            assert get_flags().moe.sbo_enabled is True
+            assert sbo.active_decision() is None
+            assert runtime.settings().moe_a2a_backend == "torch_a2a"
+        finally:
+            runtime.configure(None)
 
 
 def test_without_signal_gemm_degrades_to_shared_expert_only(
