@@ -25,43 +25,34 @@ from sglang_overlap.evals import gsm8k as ev
 pytestmark = pytest.mark.e2e
 
 ON_URL, OFF_URL = "http://127.0.0.1:31111", "http://127.0.0.1:31110"
-NUM_QUESTIONS, NUM_SHOTS, MAX_NEW_TOKENS = 40, 0, 6
-PLUGIN_A2A = REPO / "sglang_overlap" / "sglang" / "a2a_backend.py"
+NUM_QUESTIONS, NUM_SHOTS, MAX_NEW_TOKENS = 50, 1, 8
+# Both servers run the plugin's all-to-all MoE (torch_a2a, --ep 2 over --tp 2 on this CPU): the
+# only difference is the overlap. Override with SGLANG_OVERLAP_E2E_{OFF,ON}_ARGS (shell-quoted).
+OFF_ARGS = ["--tp", "2", "--moe-a2a-backend", "torch_a2a"]
+ON_ARGS = [*OFF_ARGS, "--enable-two-batch-overlap"]  # TBO, with two-chunk prefill splitting
 
 
-def overlap_on_args() -> list[str]:
-    """The "overlap on" server's extra flags.
-
-    SGLang 0.5.23 runs MoE overlap only with an all-to-all backend or attention DP, neither of
-    which upstream has on a CPU; the plugin's torch_a2a backend (sglang/a2a_backend.py) provides
-    one. Until it is present, the second server differs by SGLang's own CPU/GPU overlap scheduler
-    instead (also required to leave greedy answers unchanged), and the test says so.
-    SGLANG_OVERLAP_E2E_ON_ARGS overrides both (a shell-quoted flag string).
-    """
-    override = os.environ.get("SGLANG_OVERLAP_E2E_ON_ARGS")
-    if override is not None:
-        return shlex.split(override)
-    if PLUGIN_A2A.is_file():
-        return ["--moe-a2a-backend", "torch_a2a", "--enable-two-batch-overlap"]
-    print(f"{PLUGIN_A2A} missing: comparing with --disable-overlap-schedule instead of MoE overlap")
-    return ["--disable-overlap-schedule"]
+def _args(which: str, default: list[str]) -> list[str]:
+    override = os.environ.get(f"SGLANG_OVERLAP_E2E_{which}_ARGS")
+    return default if override is None else shlex.split(override)
 
 
 @pytest.fixture(scope="module")
 def servers(sglang_cpu_env: dict[str, str], tiny_dsv3: Path,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("gsm8k-e2e")
     runs = [
         LaunchRun(name, single_server_config(work, name, port, args), tiny_dsv3,
                   sglang_cpu_env, work, extra=("--no-validate",))
-        for name, port, args in (("off", 31110, []), ("on", 31111, overlap_on_args()))
+        for name, port, args in (("off", 31110, _args("OFF", OFF_ARGS)),
+                                  ("on", 31111, _args("ON", ON_ARGS)))
     ]
     try:
         for r in runs:
             r.start()
         for r in runs:
             r.wait_ready()
-        yield
+        yield work
     finally:
         for r in runs:
             r.close()
@@ -88,7 +79,7 @@ def _check_records(records: list[dict[str, Any]], report: dict[str, Any],
     assert report["latency_s"] > 0 and report["output_throughput"] > 0
 
 
-def test_gsm8k_compare_overlap_on_off(servers: None, gsm8k_path: Path, tmp_path: Path) -> None:
+def test_gsm8k_compare_overlap_on_off(servers: Path, gsm8k_path: Path, tmp_path: Path) -> None:
     dump = tmp_path / "answers.jsonl"
     proc = _gsm8k("--url", ON_URL, "--compare-url", OFF_URL, "--data-path", str(gsm8k_path),
                   "--num-questions", str(NUM_QUESTIONS), "--num-shots", str(NUM_SHOTS),
@@ -107,9 +98,13 @@ def test_gsm8k_compare_overlap_on_off(servers: None, gsm8k_path: Path, tmp_path:
     assert report["text_agreement"] == 1.0
     assert report["accuracy_difference"] == 0.0 and report["ci95"] == [0.0, 0.0]
     assert "Answer agreement" not in proc.stdout  # --json prints only JSON
+    if "SGLANG_OVERLAP_E2E_ON_ARGS" not in os.environ:  # the plugin's TBO path really ran
+        on_log = (servers / "on-logs" / "server.log").read_text(errors="replace")
+        assert "(first tbo" in on_log and "(first tbo" not in (
+            servers / "off-logs" / "server.log").read_text(errors="replace")
 
 
-def test_gsm8k_single_server_text_report(servers: None, gsm8k_path: Path) -> None:
+def test_gsm8k_single_server_text_report(servers: Path, gsm8k_path: Path) -> None:
     proc = _gsm8k("--url", OFF_URL, "--data-path", str(gsm8k_path), "--num-questions", "2",
                   "--num-shots", "2", "--max-new-tokens", "4", "--parallel", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
