@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,9 @@ from hypothesis import strategies as st
 from sglang_overlap.cli.main import main
 from sglang_overlap.evals import gsm8k as ev
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+SHARED = Path(os.environ.get("SGLANG_OVERLAP_SHARED",
+                             Path(__file__).resolve().parents[3] / "shared"))
+SHARED_DATA = SHARED / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.mark.parametrize(
