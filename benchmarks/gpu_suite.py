@@ -257,8 +257,9 @@ def dg_warm_list(comm_sms: int, sms: int = 132) -> list[tuple]:
             ("masked", 8, 64, N, K, 64, sms), ("masked", 4, 64, 1024, 2048, 32, sms),
             ("masked", 4, 64, 2048, 512, 32, sms), ("masked", 2, 128, N, K, 64, sms - 4),
             ("masked", 1, 128, 2048, 512, 128, sms - 4)}
-    for ex in (64, 128):  # the runner tests
+    for ex in (64, 128, 256):  # the runner tests
         jobs |= {("masked", 4, 128, 1024, 2048, ex, sms), ("masked", 4, 128, 2048, 512, ex, sms)}
+    jobs.add(("masked", 2, 128, 2048, 512, 256, sms - 4))
     for e in EXPERTS:
         for m in TOKENS:
             q, c = max(1, e // 4), capacity(m)

@@ -13,6 +13,7 @@ import torch
 from sglang_overlap.engine import fp8
 from sglang_overlap.engine.combine_consumer import combine_reference
 from sglang_overlap.engine.deepgemm import detect_api
+from sglang_overlap.engine.deepgemm_runner import SignalPlan, choose_signal_path
 from sglang_overlap.engine.signal_gemm import (
     SignalGemmConfig,
     default_config,
@@ -89,6 +90,26 @@ def test_default_config_tiles_are_what_the_kernel_accepts() -> None:
         assert cfg.block_m in (64, 128), cfg
 
 
+@pytest.mark.parametrize(
+    ("experts", "m", "want"),
+    [
+        (8, 16, SignalPlan("fused")),
+        (8, 64, SignalPlan("fused")),
+        (8, 128, SignalPlan("sliced", 2, 2)),
+        (8, 256, SignalPlan("sliced", 4, 1)),
+        (16, 16, SignalPlan("sliced", 4, 2)),
+        (16, 256, SignalPlan("sliced", 8, 1)),
+        (32, 64, SignalPlan("sliced", 8, 2)),
+        (32, 256, SignalPlan("sliced", 8, 1)),
+        (2, 512, SignalPlan("sliced", 1, 1)),
+        (1, 128, SignalPlan("sliced", 1, 2)),
+    ],
+)
+def test_choose_signal_path_table(experts: int, m: int, want: SignalPlan) -> None:
+    # the H200 measurements behind each row are in choose_signal_path's docstring
+    assert choose_signal_path(experts, m) == want
+
+
 def _fn(*names: str):
     ns: dict = {}
     exec(f"def f({', '.join(names)}): pass", ns)  # a function with exactly this signature
@@ -153,7 +174,8 @@ def test_combine_reference_by_hand() -> None:
 
 
 def test_engine_backends_import_without_triton_or_deep_gemm() -> None:
-    code = ("import sys; import sglang_overlap.engine.deepgemm, sglang_overlap.engine.signal_gemm,"
+    code = ("import sys; import sglang_overlap.engine.deepgemm_runner,"
+            " sglang_overlap.engine.signal_gemm,"
             " sglang_overlap.engine.combine_consumer, sglang_overlap.engine.fp8;"
             " bad = [m for m in ('triton', 'deep_gemm') if m in sys.modules]; print(bad);"
             " sys.exit(1 if bad else 0)")

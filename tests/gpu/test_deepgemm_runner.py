@@ -163,7 +163,7 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int
 
 def _runner_pair(e: int, hidden: int, inter: int):
     from sglang_overlap.engine import fp8
-    from sglang_overlap.engine.deepgemm import DeepGemmExpertRunner
+    from sglang_overlap.engine.deepgemm_runner import DeepGemmExpertRunner
     from sglang_overlap.engine.reference import ReferenceExperts
 
     runner = DeepGemmExpertRunner(_weights(e, 2 * inter, hidden, 31),
@@ -174,11 +174,11 @@ def _runner_pair(e: int, hidden: int, inter: int):
     return runner, ref
 
 
-@pytest.mark.parametrize("expected_m", [0, 64, 128])
+@pytest.mark.parametrize("expected_m", [0, 64, 128, 256])
 def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
-    """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices (choose_signal_path).
-    """
-    from sglang_overlap.engine.deepgemm import choose_signal_path
+    """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices on two streams;
+    256: DeepGEMM slices on one stream (choose_signal_path)."""
+    from sglang_overlap.engine.deepgemm_runner import choose_signal_path
     from sglang_overlap.engine.interfaces import LowLatencyDispatchOutput, SignalContract
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
@@ -200,8 +200,8 @@ def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
     diff = _calc_diff(got[valid], want[valid])
     assert got.dtype == torch.bfloat16 and diff < 5e-3, f"{diff=} {expected_m=}"
     if signal is not None:
-        path = choose_signal_path(expected_m)
-        assert signal.signal.view(torch.int32).tolist() == [lay.expect_value] * e, path
+        plan = choose_signal_path(e, expected_m)
+        assert signal.signal.view(torch.int32).tolist() == [lay.expect_value] * e, plan
 
 
 def test_runner_normal_matches_reference(dg) -> None:
