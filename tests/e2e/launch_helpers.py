@@ -91,8 +91,9 @@ def single_server_config(workdir: Path, name: str, port: int, extra_args: list[s
     text = (CONFIGS / "tiny-cpu-single.toml").read_text()
     text = text.replace("port = 31010", f"port = {port}")
     if extra_args:
-        text = text.replace('"--max-total-tokens", "16384"]',
-                            '"--max-total-tokens", "16384", ' + json.dumps(extra_args)[1:])
+        assert '"--dtype", "float32"]' in text, "tiny-cpu-single.toml's args changed"
+        text = text.replace('"--dtype", "float32"]',
+                            '"--dtype", "float32", ' + json.dumps(extra_args)[1:])
     path = workdir / f"{name}.toml"
     path.write_text(text)
     return path

@@ -27,10 +27,10 @@ pytestmark = pytest.mark.e2e
 ON_URL, OFF_URL = "http://127.0.0.1:31111", "http://127.0.0.1:31110"
 NUM_QUESTIONS, NUM_SHOTS, MAX_NEW_TOKENS = 50, 1, 8
 # Both servers run the plugin's all-to-all MoE (torch_a2a, --ep 2 over --tp 2 on this CPU): the
-# only difference is the overlap. float32: in bf16 TBO's other (equally valid) summation order
-# can flip a random model's near-tied greedy choices. Override with
-# SGLANG_OVERLAP_E2E_{OFF,ON}_ARGS (shell-quoted).
-OFF_ARGS = ["--tp", "2", "--dtype", "float32", "--moe-a2a-backend", "torch_a2a"]
+# only difference is the overlap. Both are float32 (configs/tiny-cpu-single.toml): in bf16 TBO's
+# other (equally valid) summation order can flip a random model's near-tied greedy choices.
+# Override with SGLANG_OVERLAP_E2E_{OFF,ON}_ARGS (shell-quoted).
+OFF_ARGS = ["--tp", "2", "--moe-a2a-backend", "torch_a2a"]
 ON_ARGS = [*OFF_ARGS, "--enable-two-batch-overlap"]  # TBO, with two-chunk prefill splitting
 
 

@@ -1,6 +1,8 @@
-"""`sglang-overlap launch` with real servers: the tiny PD config (prefill + decode + smg router,
-Mooncake over TCP) serves the same greedy tokens as one plain server, Ctrl-C stops everything,
-and killing one child brings the whole launch down with a clear message and no strays."""
+"""`sglang-overlap launch` with real servers: the tiny PD config (prefill with TBO + two-chunk,
+decode with SBO, each --tp 2 over the plugin's torch_a2a; smg router; Mooncake over TCP) serves
+the same greedy tokens as one plain single-rank server without overlap, Ctrl-C stops
+everything, and killing one child brings the whole launch down with a clear message and no
+strays."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ pytestmark = pytest.mark.e2e
 
 ROUTER = "http://127.0.0.1:31080"
 SINGLE = "http://127.0.0.1:31010"
+LONG = " ".join(f"The quick brown fox {i} jumps over the lazy dog {i * 7 % 10}." for i in range(40))
 PROMPTS = [
+    LONG,  # one long request alone: prefill cuts it in two chunks
     "The capital of France is",
     "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:",
     "def fibonacci(n):",
@@ -58,6 +62,11 @@ def test_pd_launch_serves_single_server_tokens(launches: tuple[LaunchRun, Launch
         log = pd.workdir / "pd-logs" / f"{role}.log"
         assert f"{role}: started pid" in out and f"log {log}" in out, out
         assert log.is_file() and log.stat().st_size > 0
+    # Each server's own log shows the plugin's overlap path ran (at warmup at the latest).
+    logs = {r: (pd.workdir / "pd-logs" / f"{r}.log").read_text(errors="replace")
+            for r in ("prefill", "decode")}
+    assert "(first tbo" in logs["prefill"] and "two_chunk=" in logs["prefill"], logs["prefill"]
+    assert "(first sbo" in logs["decode"] and "(first tbo" not in logs["decode"], logs["decode"]
     for prompt in PROMPTS:
         via_router = generate(ROUTER, prompt, 16)
         single = generate(SINGLE, prompt, 16)
