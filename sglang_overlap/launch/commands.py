@@ -83,6 +83,10 @@ def process_specs(
     for name in chosen:
         if name not in cfg.role_names:
             raise ValueError(f"{cfg.path}: no role {name!r} (roles: {', '.join(cfg.role_names)})")
+    for r in cfg.servers:
+        if r.name in chosen and r.nnodes > 1 and not 0 <= node_rank < r.nnodes:
+            raise ValueError(f"--node-rank {node_rank}: [{r.name}] runs on {r.nnodes} nodes "
+                             f"(ranks 0..{r.nnodes - 1})")
     specs = [server_spec(cfg, r, node_rank if r.nnodes > 1 else 0)
              for r in cfg.servers if r.name in chosen]
     if "router" in chosen:

@@ -222,6 +222,10 @@ def _check_contradictions(r: _Reader, cfg: LaunchConfig) -> None:
                              f"port {port} on {role.addr} is already {used[where]}")
             used[where] = f"[{role.name}] {key}"
     for role in cfg.servers:
+        raw = flag_value(role.args, "--nnodes") or "1"
+        if not raw.isdigit() or int(raw) < 1:
+            raise r.fail(f"[{role.name}] args",
+                         f"--nnodes must be a positive integer (got {raw!r})")
         nnodes = role.nnodes
         if nnodes > 1 and flag_value(role.args, "--dist-init-addr") is None:
             raise r.fail(f"[{role.name}] args", f"--nnodes {nnodes} needs --dist-init-addr")

@@ -93,6 +93,8 @@ def test_multi_node_role_gets_node_rank(tmp_path: Path) -> None:
     assert spec.argv[-2:] == ("--node-rank", "1") and spec.health_url is None
     (spec0,) = process_specs(cfg, ("prefill",), node_rank=0)
     assert spec0.health_url is not None
+    with pytest.raises(ValueError, match=r"--node-rank 2: \[prefill\] runs on 2 nodes"):
+        process_specs(cfg, ("prefill",), node_rank=2)
 
 
 BAD = [
@@ -123,6 +125,8 @@ BAD = [
     (("[router]\nport = 31503", "[launch]\nready_timeout = -1"),
      "[launch] ready_timeout: must be a positive number"),
     (("[router]", "[router"), "not valid TOML"),
+    (('args = ["--disable-overlap-schedule"]', 'args = ["--nnodes", "two"]'),
+     "[prefill] args: --nnodes must be a positive integer (got 'two')"),
 ]
 
 
