@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     except ev.EvalError as exc:
         print(f"sglang-overlap gsm8k: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nsglang-overlap gsm8k: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)  # in-flight HTTP requests would otherwise hold the exit for their timeout
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as f:
             for r in results:

@@ -183,7 +183,8 @@ def run_requests(
     and the wall time."""
     results: list[Completion | None] = [None] * len(prompts)
     tic = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, parallel))
+    try:
         futures = {
             pool.submit(generate, base_url, p, max_new_tokens, timeout): i
             for i, p in enumerate(prompts)
@@ -192,6 +193,9 @@ def run_requests(
             results[futures[fut]] = fut.result()
             if on_done is not None:
                 on_done()
+    finally:
+        # On Ctrl-C, drop the queued requests instead of sending them all first.
+        pool.shutdown(wait=False, cancel_futures=True)
     wall = time.perf_counter() - tic
     return [r for r in results if r is not None], wall
 
