@@ -98,6 +98,8 @@ def test_add_arguments_twice_is_harmless() -> None:
           "sbo_combine_num_sms": 4}, DEEPEP, "--sbo-combine-num-sms contradicts"),
         ({"overlap_gating": "auto"}, DEEPEP, "--overlap-gating auto needs"),
         ({"overlap_hardware_profile": "A100"}, DEEPEP, "--overlap-hardware-profile"),
+        ({"enable_two_batch_overlap": True}, Deployment(moe_a2a_backend="torch_a2a"),
+         "torch_a2a needs --tp 2 or more"),
     ],
 )
 def test_invalid_combinations_name_the_flags(

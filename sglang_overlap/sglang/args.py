@@ -56,6 +56,7 @@ def deployment_of(values: Any) -> Deployment:
         attn_dp = max(attn_dp, getattr(values, "dp_size", 1) or 1)
     return Deployment(
         moe_a2a_backend=str(getattr(values, "moe_a2a_backend", "none") or "none"),
+        tp_size=int(getattr(values, "tp_size", 1) or 1),
         ep_size=int(getattr(values, "ep_size", 1) or 1),
         attn_dp_size=int(attn_dp),
         deepep_mode=str(getattr(values, "deepep_mode", "auto") or "auto"),

@@ -66,6 +66,9 @@ def test_plugin_a2a_backend_is_a_parser_choice() -> None:
           "--tbo-token-distribution-threshold", "0.75"], "in [0, 0.5] (got 0.75)"),
         (["--overlap-gating", "auto"], "--overlap-gating auto needs"),
         (["--sbo-down-gemm-overlap", "force"], "needs --enable-single-batch-overlap"),
+        (["--moe-a2a-backend", "torch_a2a", "--enable-two-batch-overlap"],
+         "torch_a2a needs --tp 2 or more (experts are spread over the tensor-parallel ranks; "
+         "got --tp 1)"),
     ],
 )
 def test_invalid_flags_never_reach_serving(argv: list[str], needle: str) -> None:
