@@ -13,5 +13,6 @@ Where things are:
     reference.py   pure torch experts + local dispatcher (EP = 1)
     a2a.py         torch.distributed all-to-all dispatcher (gloo / NCCL, any world size)
     toy.py         a small random model and causal toy attention, for tests and benchmarks
-    deepep.py, deepgemm.py, signal_gemm.py, combine_consumer.py   kernel backends
+    deepep.py, deepgemm.py, deepgemm_runner.py, signal_gemm.py, combine_consumer.py,
+    fp8.py         kernel backends (DeepEP, DeepGEMM, the Triton signal GEMM and consumer)
 """

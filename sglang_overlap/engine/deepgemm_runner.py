@@ -67,8 +67,9 @@ class DeepGemmExpertRunner:
 
     With an SBO `signal`, the down GEMM bumps `signal.signal` in-kernel (fused Triton kernel or
     DeepGEMM slices, `choose_signal_path`); the counters reach `layout.expect_value` as units
-    finish, for a kernel consumer (sgl-deep-ep's combine) to poll. `signal.mark` is not called:
-    the contract's host-side bookkeeping is for torch producers.
+    finish, for a kernel consumer (sgl-deep-ep's combine) to poll. `signal.mark` is not called
+    (host-side bookkeeping is for torch producers): the contract is told the units are marked
+    on the device, with an event after the GEMM for torch consumers.
     """
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -84,7 +85,14 @@ class DeepGemmExpertRunner:
             down = self._signal_down(signal, dispatched.masked_m, dispatched.expected_m)
         out = run_masked_experts(x, x_scale, dispatched.masked_m, dispatched.expected_m,
                                  self.weights, down=down)
-        return out.to(hidden.dtype)
+        out = out.to(hidden.dtype)
+        if signal is not None:
+            # The counters were bumped in-kernel; a torch consumer (the all-to-all dispatcher's
+            # combine) waits for the whole GEMM through this event, a kernel consumer polls.
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(torch.cuda.current_stream(hidden.device))
+            signal.marked_on_device(done)
+        return out
 
     def _signal_down(self, signal: SignalContract, masked_m: torch.Tensor, expected_m: int
                      ) -> Any:

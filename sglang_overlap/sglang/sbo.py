@@ -208,7 +208,7 @@ def _masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expecte
     config = overlap_args.signal_gemm_config
     grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
                             signal=overlap_args.signal, layout=layout,
-                            num_programs=overlap_args.num_sms * config.ctas_per_sm)
+                            num_programs=config.programs(overlap_args.num_sms))
     if layout.granularity == "block":
         return layout.block_m, layout.expect_value
     return None  # per expert: the combine needs no block_m / threshold
