@@ -2,16 +2,16 @@
 
 For machines without DeepEP (a CPU box, a GPU without NVSHMEM): the MoE layers dispatch and
 combine with the engine's `AllToAllDispatcher` over the tensor-parallel group (gloo on CPU, NCCL
-on GPU), and the routed experts run in the engine's reference runner. Everything else is
-SGLang's DeepEP machinery, unchanged: tokens scattered over the attention-TP ranks before the MoE
-and gathered after, the MLP sync that decides TBO, the TBO child batches and stage operations,
-the SBO dispatch hook. How:
+on GPU), and the routed experts run per local expert on their valid rows (`a2a_impl.py`).
+Everything else is SGLang's DeepEP machinery, unchanged: tokens scattered over the attention-TP
+ranks before the MoE and gathered after, the MLP sync that decides TBO, the TBO child batches
+and stage operations, the SBO dispatch hook. How:
 
   * resolution: `torch_a2a` resolves to `deepep` (so every `is_deepep()` branch applies, and
     ep_size = tp_size); the user's choice stays on the plugin's settings;
   * `DeepEPDispatcher.__init__`: builds the plugin's impls instead of DeepEP's buffers;
   * `DeepEPMoE.run_moe_core`: SGLang 0.5.23 has no CPU or unquantized expert path for DeepEP's
-    layouts, so the reference runner computes the local experts (with SBO, marking its signal
+    layouts, so the plugin computes the local experts (with SBO, marking the engine's signal
     units for combine-send to take).
 
 Legend: T tokens of this rank, K top-k, H hidden, E_local local experts, C LL capacity.

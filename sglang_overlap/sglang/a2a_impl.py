@@ -105,7 +105,6 @@ def _impl_class(low_latency: bool) -> type:
 LL_IMPL, NORMAL_IMPL = _impl_class(True), _impl_class(False)
 
 
-
 def find_impl(moe: Any, dispatch_output: Any) -> TorchA2AImpl | None:
     for inner in getattr(moe.dispatcher, "_inners", ()):
         for name in ("_low_latency_dispatcher", "_normal_dispatcher"):
@@ -173,7 +172,7 @@ def experts_of(moe: Any) -> ValidRowsExperts:
     return runner
 
 
-def sbo_signal(moe: Any, d: LowLatencyDispatchOutput) -> SignalContract | None:
+def sbo_signal(d: LowLatencyDispatchOutput) -> SignalContract | None:
     if not runtime.sbo_active():
         return None
     e_local, capacity, hidden = d.hidden.shape
@@ -185,8 +184,6 @@ def sbo_signal(moe: Any, d: LowLatencyDispatchOutput) -> SignalContract | None:
     return SignalContract(layout, d.hidden.device)
 
 
-
-
 def run_local_experts(moe: Any, impl: TorchA2AImpl, dispatch_output: Any) -> tuple[Any, bool]:
     """(SGLang's combine input, whether SBO signals were produced) for `moe`'s local experts."""
     from sglang.srt.layers.moe.token_dispatcher import deepep
@@ -195,7 +192,7 @@ def run_local_experts(moe: Any, impl: TorchA2AImpl, dispatch_output: Any) -> tup
     _, d = impl.last
     runner = experts_of(moe)
     if isinstance(d, LowLatencyDispatchOutput):
-        impl.signal = sbo_signal(moe, d)
+        impl.signal = sbo_signal(d)
         out = runner.run_low_latency(d, signal=impl.signal)  # [E_local, C, H]
         wrap: Any = deepep.DeepEPLLCombineInput
     else:

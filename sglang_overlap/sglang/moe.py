@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -61,12 +62,10 @@ def execute_overlapped_operations(inputs_arr: Any, operations_arr: Any,
     return [executors[0].output, executors[1].output]
 
 
+@functools.cache
 def _gate() -> Any:
-    gate = getattr(_gate, "instance", None)
-    if gate is None:
-        gate = runtime.build_gate()
-        _gate.instance = gate  # type: ignore[attr-defined]
-    return gate
+    """This process's gate, built on first use (its hysteresis state lives for the process)."""
+    return runtime.build_gate()
 
 
 _last_mode: dict[str, str] = {}

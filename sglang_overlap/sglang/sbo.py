@@ -100,7 +100,7 @@ def _log_once(decision: SboDecision, report: ProbeReport) -> None:
 
 
 def _initialize_moe_config(orig: Any, *args: Any, **kwargs: Any) -> Any:
-    from sglang.srt.runtime_context import get_exec, get_flags
+    from sglang.srt.runtime_context import get_exec
 
     from sglang_overlap.sglang.args import current_settings
 
@@ -114,10 +114,7 @@ def _initialize_moe_config(orig: Any, *args: Any, **kwargs: Any) -> Any:
         # itself: no DeepEP/DeepGEMM kernel is involved, so no kernel table applies, and the
         # SM90 refusal (about DeepGEMM's missing signal GEMM) does not either.
         logger.info("sglang-overlap SBO: torch_a2a path (engine signal contract)")
-        with overlap.override(enable_single_batch_overlap=False):
-            result = orig(*args, **kwargs)
-        get_flags().moe.sbo_enabled = True
-        return result
+        return _with_sbo_refusal_lifted(orig, *args, **kwargs)
     decision, report = decide_sbo(settings, a2a_backend=moe.moe_a2a_backend,
                                   runner_backend=moe.moe_runner_backend)
     _log_once(decision, report)
@@ -127,12 +124,19 @@ def _initialize_moe_config(orig: Any, *args: Any, **kwargs: Any) -> Any:
         raise SettingsError(f"sglang-overlap: {decision.refusal}")
     if report.gpu.arch != "sm90":
         return orig(*args, **kwargs)
-    # Upstream raises on SM90 as soon as moe.sbo_enabled is set; a path exists, so run it with
-    # the leaf masked and set the flag it would have set.
-    with overlap.override(enable_single_batch_overlap=False):
+    result = _with_sbo_refusal_lifted(orig, *args, **kwargs)
+    _state["decision"] = decision
+    return result
+
+
+def _with_sbo_refusal_lifted(orig: Any, *args: Any, **kwargs: Any) -> Any:
+    """Upstream raises on SM90 as soon as moe.sbo_enabled is set; where a path exists, run it
+    with the flag masked, then set the flag it would have set."""
+    from sglang.srt.runtime_context import get_exec, get_flags
+
+    with get_exec().overlap.override(enable_single_batch_overlap=False):
         result = orig(*args, **kwargs)
     get_flags().moe.sbo_enabled = True
-    _state["decision"] = decision
     return result
 
 
