@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 8 benchmarks/calibrate.py --base H200 --out my-node.json
 
 Times (CUDA events, median of repeats, after warm-up):
-- DeepGEMM fp8 masked grouped GEMMs at DeepSeek-V3 shapes (sglang_overlap.engine.deepgemm when the
+- DeepGEMM fp8 masked grouped GEMMs at DeepSeek-V3 shapes (sglang_overlap.kernels.deepgemm when the
   plugin has it, else deep_gemm directly) -> gemm_efficiency, hbm_efficiency, gemm_fixed_us, fitted
   with the cost model's own `grouped_gemm_us` so the model reproduces what was measured;
 - a bf16 matmul -> attn_efficiency (the bf16 tensor-core fraction a large kernel reaches);
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_overlap.planning.profiles import HardwareProfile, load_hardware
-from sglang_overlap.planning.stage_costs import grouped_gemm_us
+from sglang_overlap.planning.cost.profiles import HardwareProfile, load_hardware
+from sglang_overlap.planning.cost.stage_costs import grouped_gemm_us
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,10 @@ def _time_us(fn: Callable[[], Any], repeats: int = 50) -> float:
 def _masked_gemm_fn(e: int, m: int, n: int, k: int) -> Callable[[], Any]:
     import torch
 
-    from sglang_overlap.engine.fp8 import quant_per_block, quant_per_token_group
+    from sglang_overlap.kernels.fp8 import quant_per_block, quant_per_token_group
 
     try:  # the plugin's backend module, when present, knows the installed DeepGEMM's API
-        from sglang_overlap.engine import deepgemm as backend  # type: ignore[attr-defined]
+        from sglang_overlap.kernels import deepgemm as backend  # type: ignore[attr-defined]
 
         masked: Callable[..., Any] = backend.grouped_gemm_fp8_masked
     except (ImportError, AttributeError):

@@ -65,9 +65,9 @@ def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) ->
 def run_shape(e: int, m: int, comm_sms: int) -> dict:
     import torch
 
-    from sglang_overlap.engine import deepgemm, fp8
-    from sglang_overlap.engine.combine_consumer import combine_consume, combine_reference
-    from sglang_overlap.engine.signal_gemm import (
+    from benchmarks.kernels.combine_consumer import combine_consume, combine_reference
+    from sglang_overlap.kernels import deepgemm, fp8
+    from sglang_overlap.kernels.signal_gemm import (
         SignalGemmConfig,
         grouped_gemm_fp8_signal,
         new_signal,
@@ -170,7 +170,7 @@ def _overlap(e, m, comm_sms, cfg, a, a_s, b, b_s, masked, out, layout, combine_c
     """GEMM + consumer: one after the other on one stream vs. consumer on a side stream."""
     import torch
 
-    from sglang_overlap.engine import deepgemm
+    from sglang_overlap.kernels import deepgemm
 
     lay = layout(cfg, "expert", comm_sms)
     lay_b = layout(cfg, "block", comm_sms)
@@ -272,7 +272,7 @@ def dg_warm_list(comm_sms: int, sms: int = 132) -> list[tuple]:
 def dg_warm(index: int, workers: int, comm_sms: int) -> None:
     import torch
 
-    from sglang_overlap.engine import deepgemm, fp8
+    from sglang_overlap.kernels import deepgemm, fp8
 
     for kind, groups, m, n, k, expected, sms in dg_warm_list(comm_sms)[index::workers]:
         b = torch.empty((groups, n, k), dtype=fp8.FP8, device="cuda")

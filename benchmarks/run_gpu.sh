@@ -25,7 +25,7 @@ import time, torch, triton
 t = time.time()
 try:
     import deep_gemm
-    from sglang_overlap.engine import deepgemm
+    from sglang_overlap.kernels import deepgemm
     print("deep_gemm", deep_gemm.__version__, deepgemm.api().flavour,
           f"import {time.time() - t:.1f} s")
 except Exception as exc:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from sglang_overlap.engine.probe import ARCH_CHOICES, ProbeReport, combine_forms, probe
+from sglang_overlap.kernels.capabilities import ARCH_CHOICES, ProbeReport, combine_forms, probe
 from sglang_overlap.settings import OverlapSettings, SettingsError
 
 ENTRY_GROUP, ENTRY_NAME = "sglang.srt.plugins", "sglang_overlap"

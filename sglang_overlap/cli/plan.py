@@ -13,8 +13,8 @@ import dataclasses
 import json
 from typing import Any
 
-from sglang_overlap.planning.cost_model import MODES, Prediction, predict
-from sglang_overlap.planning.profiles import (
+from sglang_overlap.planning.cost.cost_model import MODES, Prediction, predict
+from sglang_overlap.planning.cost.profiles import (
     GPU_NAMES,
     MODEL_NAMES,
     Deployment,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang_overlap.planning.cost_model import Prediction
+from sglang_overlap.planning.cost.cost_model import Prediction
 
 _COLORS = {0: "#4C78A8", 1: "#F58518"}
 _ROWS = {"compute": 1.0, "comm": 0.0}

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sglang_overlap.planning.cost_model import predict
-from sglang_overlap.planning.profiles import Deployment, HardwareProfile, ModelProfile
+from sglang_overlap.planning.cost.cost_model import predict
+from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 
 logger = logging.getLogger("sglang_overlap.gating")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sglang_overlap.planning.stage_costs import StageCosts
+from sglang_overlap.planning.cost.stage_costs import StageCosts
 
 Stream = Literal["compute", "comm"]
 

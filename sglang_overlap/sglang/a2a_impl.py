@@ -14,13 +14,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sglang_overlap.engine.a2a import AllToAllDispatcher
-from sglang_overlap.engine.interfaces import (
+from sglang_overlap.kernels.a2a import AllToAllDispatcher
+from sglang_overlap.kernels.contracts import (
     LowLatencyDispatchOutput,
     NormalDispatchOutput,
     SignalContract,
 )
-from sglang_overlap.engine.streams import StreamPair
+from sglang_overlap.kernels.streams import StreamPair
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 from sglang_overlap.sglang import runtime
 

@@ -79,8 +79,8 @@ def build_gate() -> Any:
     import torch
     from sglang.srt.runtime_context import get_server_args
 
+    from sglang_overlap.planning.cost.profiles import Deployment, load_model, resolve_hardware
     from sglang_overlap.planning.gating import Gate
-    from sglang_overlap.planning.profiles import Deployment, load_model, resolve_hardware
 
     s = settings()
     server_args = get_server_args()

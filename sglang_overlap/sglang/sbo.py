@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from sglang_overlap.engine.deepep import check_combine_call, combine_overlap_kwargs
-from sglang_overlap.engine.probe import ProbeReport, probe
+from sglang_overlap.kernels.capabilities import ProbeReport, probe
+from sglang_overlap.kernels.deepep import check_combine_call, combine_overlap_kwargs
 from sglang_overlap.planning.sbo_layout import SboLayout, plan_sbo_layout
 from sglang_overlap.planning.sbo_path import SboDecision, SboRequest, decide_sbo_path
 from sglang_overlap.settings import OverlapSettings, SettingsError
@@ -152,7 +152,7 @@ def _down_gemm_flag(orig: Any, cls: Any) -> bool:
 def plugin_signal_layout(decision: SboDecision, shape: tuple[int, int, int], expected_m: int,
                          num_sms: int, comm_num_sms: int) -> tuple[SboLayout, Any]:
     """The signal layout for the plugin's signal GEMM on a [E_local, C, H] down output."""
-    from sglang_overlap.engine.signal_gemm import default_config
+    from sglang_overlap.kernels.signal_gemm import default_config
 
     e_local, capacity, hidden = shape
     config = default_config(expected_m)
@@ -168,7 +168,7 @@ def apply_plugin_signal(decision: SboDecision, combine: Any, down: Any, meta: di
                         shape: tuple[int, int, int], expected_m: int, device: Any,
                         comm_num_sms: int = 0) -> None:
     """Swap upstream's Hopper per-block int32 signal for the plugin signal GEMM's, in place."""
-    from sglang_overlap.engine.signal_gemm import new_signal
+    from sglang_overlap.kernels.signal_gemm import new_signal
 
     total = combine.num_sms + meta["compute_num_sms"]
     comm = comm_num_sms or combine.num_sms
@@ -203,7 +203,7 @@ def _masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expecte
     if overlap_args is None or layout is None:
         return orig(lhs, rhs, out, masked_m, expected_m, overlap_args=overlap_args,
                     max_block_n=max_block_n, recipe_a=recipe_a, recipe_b=recipe_b)
-    from sglang_overlap.engine.signal_gemm import grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal
 
     (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
     if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:

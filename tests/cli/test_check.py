@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang_overlap.cli.main import main  # noqa: E402
-from sglang_overlap.engine.probe import package_dir  # noqa: E402
+from sglang_overlap.kernels.capabilities import package_dir  # noqa: E402
 
 TINY = Path("/tmp/tiny-dsv3")
 # ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.

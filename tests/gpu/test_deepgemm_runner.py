@@ -20,7 +20,7 @@ FP8_TOL = 1e-3
 @pytest.fixture(scope="module")
 def dg():
     pytest.importorskip("deep_gemm")
-    from sglang_overlap.engine import deepgemm
+    from sglang_overlap.kernels import deepgemm
 
     return deepgemm.api()
 
@@ -43,7 +43,7 @@ def test_api_is_detected(dg) -> None:
 
 
 def test_masked_gemm_matches_fp64(dg) -> None:
-    from sglang_overlap.engine import deepgemm, fp8
+    from sglang_overlap.kernels import deepgemm, fp8
 
     e, m_cap, n, k = 4, 128, 7168, 2048
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -62,8 +62,8 @@ def test_masked_gemm_matches_fp64(dg) -> None:
 
 
 def test_fused_signal_gemm_agrees_with_deepgemm(dg) -> None:
-    from sglang_overlap.engine import deepgemm, fp8
-    from sglang_overlap.engine.signal_gemm import default_config, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels import deepgemm, fp8
+    from sglang_overlap.kernels.signal_gemm import default_config, grouped_gemm_fp8_signal
 
     e, m_cap, n, k = 8, 64, 7168, 2048
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -80,7 +80,7 @@ def test_fused_signal_gemm_agrees_with_deepgemm(dg) -> None:
 
 
 def test_contiguous_gemm_matches_fp64(dg) -> None:
-    from sglang_overlap.engine import deepgemm, fp8
+    from sglang_overlap.kernels import deepgemm, fp8
 
     e, n, k = 4, 4096, 2048
     counts = [130, 0, 7, 256]
@@ -108,7 +108,7 @@ def test_contiguous_gemm_matches_fp64(dg) -> None:
 def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
     """up GEMM -> SiLU-and-mul + fp8 quant -> down GEMM against an fp64 SwiGLU on the same fp8
     weights and inputs (the fp8 intermediate adds one quantisation, hence the looser bound)."""
-    from sglang_overlap.engine import deepgemm, fp8
+    from sglang_overlap.kernels import deepgemm, fp8
 
     e, m_cap, hidden, inter = 4, 64, 2048, 512
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -143,8 +143,8 @@ def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
 @pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int) -> None:
-    from sglang_overlap.engine import deepgemm
-    from sglang_overlap.engine.signal_gemm import plan_expert_slices
+    from sglang_overlap.kernels import deepgemm
+    from sglang_overlap.kernels.signal_gemm import plan_expert_slices
 
     from .test_signal_gemm import check_overlapped, layout_for, make_case, run_overlapped
 
@@ -162,9 +162,9 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int
 
 
 def _runner_pair(e: int, hidden: int, inter: int):
-    from sglang_overlap.engine import fp8
-    from sglang_overlap.engine.deepgemm_runner import DeepGemmExpertRunner
-    from sglang_overlap.engine.reference import ReferenceExperts
+    from sglang_overlap.kernels import fp8
+    from sglang_overlap.kernels.deepgemm_experts import DeepGemmExpertRunner
+    from sglang_overlap.reference.experts import ReferenceExperts
 
     runner = DeepGemmExpertRunner(_weights(e, 2 * inter, hidden, 31),
                                   _weights(e, hidden, inter, 32))
@@ -178,8 +178,8 @@ def _runner_pair(e: int, hidden: int, inter: int):
 def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
     """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices on two streams;
     256: DeepGEMM slices on one stream (choose_signal_path)."""
-    from sglang_overlap.engine.deepgemm_runner import choose_signal_path
-    from sglang_overlap.engine.interfaces import LowLatencyDispatchOutput, SignalContract
+    from sglang_overlap.kernels.contracts import LowLatencyDispatchOutput, SignalContract
+    from sglang_overlap.kernels.deepgemm_experts import choose_signal_path
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     e, cap, hidden, inter = 4, 128, 2048, 512
@@ -205,7 +205,7 @@ def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
 
 
 def test_runner_normal_matches_reference(dg) -> None:
-    from sglang_overlap.engine.interfaces import NormalDispatchOutput
+    from sglang_overlap.kernels.contracts import NormalDispatchOutput
 
     e, hidden, inter = 4, 2048, 512
     runner, ref = _runner_pair(e, hidden, inter)

@@ -20,14 +20,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sglang_overlap.engine import executors, toy
-from sglang_overlap.engine.a2a import AllToAllDispatcher
-from sglang_overlap.engine.interfaces import Dispatcher, LowLatencyDispatchOutput, SignalContract
-from sglang_overlap.engine.reference import LocalDispatcher, ReferenceExperts
-from sglang_overlap.engine.router import RouterConfig, gate_logits, select_experts
-from sglang_overlap.engine.stages import MoeLayer, SboConfig
-from sglang_overlap.engine.streams import StreamPair
+from sglang_overlap.kernels.a2a import AllToAllDispatcher
+from sglang_overlap.kernels.contracts import Dispatcher, LowLatencyDispatchOutput, SignalContract
+from sglang_overlap.kernels.streams import StreamPair
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
+from sglang_overlap.reference import executors
+from sglang_overlap.reference.experts import LocalDispatcher, ReferenceExperts
+from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
+from sglang_overlap.reference.stages import MoeLayer, SboConfig
+from tests.fixtures import toy
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

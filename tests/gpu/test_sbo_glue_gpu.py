@@ -31,7 +31,7 @@ def _calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
 @pytest.mark.parametrize("e, m_cap, expected_m", [(8, 128, 16), (4, 256, 200)])
 def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m: int) -> None:
     pytest.importorskip("triton")
-    from sglang_overlap.engine import fp8
+    from sglang_overlap.kernels import fp8
     from sglang_overlap.planning.sbo_path import SboDecision, SboPath
     from sglang_overlap.sglang import sbo
 

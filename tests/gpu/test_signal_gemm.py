@@ -39,7 +39,7 @@ class Case:
 
 
 def make_case(seed: int, e: int, m_cap: int, n: int, k: int, zero_experts: int = 0) -> Case:
-    from sglang_overlap.engine import fp8
+    from sglang_overlap.kernels import fp8
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn((e, m_cap, k), generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -57,7 +57,7 @@ def make_case(seed: int, e: int, m_cap: int, n: int, k: int, zero_experts: int =
 
 def reference(case: Case) -> torch.Tensor:
     """fp64 [E, M, N] from the dequantised operands."""
-    from sglang_overlap.engine import fp8
+    from sglang_overlap.kernels import fp8
 
     a = fp8.dequant_per_token_group(case.a, case.a_s)
     b = fp8.dequant_per_block(case.b, case.b_s)
@@ -76,7 +76,7 @@ def valid_rows(case: Case) -> torch.Tensor:
 
 
 def layout_for(case: Case, granularity: str, block_m: int, block_n: int, comm_sms: int = 4):
-    from sglang_overlap.engine.signal_gemm import num_sms
+    from sglang_overlap.kernels.signal_gemm import num_sms
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     e, m_cap, _ = case.a.shape
@@ -87,8 +87,8 @@ def layout_for(case: Case, granularity: str, block_m: int, block_n: int, comm_sm
 
 def run_overlapped(case: Case, layout, config, *, wait: bool = True, producer=None):
     """Consumer on a side stream first, then the producer on the main stream."""
-    from sglang_overlap.engine.combine_consumer import combine_consume
-    from sglang_overlap.engine.signal_gemm import grouped_gemm_fp8_signal, new_signal
+    from benchmarks.kernels.combine_consumer import combine_consume
+    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal, new_signal
 
     e, m_cap, _ = case.a.shape
     if producer is None:
@@ -116,7 +116,7 @@ def run_overlapped(case: Case, layout, config, *, wait: bool = True, producer=No
 
 
 def check_overlapped(case: Case, layout, down, out, err, sig) -> None:
-    from sglang_overlap.engine.combine_consumer import combine_reference
+    from benchmarks.kernels.combine_consumer import combine_reference
 
     msg = f"{case.describe()} {layout.granularity=} {layout.block_m=} {layout.block_n=}"
     assert int(err.item()) == 0, f"a unit never became final: {msg}"
@@ -136,7 +136,7 @@ def random_shape(rng: random.Random) -> tuple[int, int, int, int]:
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_fused_gemm_matches_fp64(seed: int) -> None:
-    from sglang_overlap.engine.signal_gemm import default_config, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signal_gemm import default_config, grouped_gemm_fp8_signal
 
     e, m_cap, n, k = random_shape(random.Random(seed))
     case = make_case(seed, e, m_cap, n, k, zero_experts=seed % 2)
@@ -156,7 +156,7 @@ def test_fused_gemm_matches_fp64(seed: int) -> None:
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
-    from sglang_overlap.engine.signal_gemm import SignalGemmConfig
+    from sglang_overlap.kernels.signal_gemm import SignalGemmConfig
 
     rng = random.Random(1000 + seed)
     e, m_cap, n, k = random_shape(rng)
@@ -170,7 +170,7 @@ def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_all_experts_empty_still_signal_and_finish(granularity: str) -> None:
-    from sglang_overlap.engine.signal_gemm import default_config
+    from sglang_overlap.kernels.signal_gemm import default_config
 
     case = make_case(7, 6, 128, 1024, 512, zero_experts=6)
     config = default_config(64)
@@ -182,7 +182,7 @@ def test_all_experts_empty_still_signal_and_finish(granularity: str) -> None:
 
 def test_negative_control_reading_without_waiting_is_caught() -> None:
     """The ordering check can fail: a consumer that skips the wait sums poisoned rows."""
-    from sglang_overlap.engine.signal_gemm import default_config
+    from sglang_overlap.kernels.signal_gemm import default_config
 
     case = make_case(3, 16, 128, 7168, 2048)
     case.masked_m.fill_(128)
@@ -193,7 +193,7 @@ def test_negative_control_reading_without_waiting_is_caught() -> None:
 
 
 def test_signal_values_equal_layout_expectation() -> None:
-    from sglang_overlap.engine.signal_gemm import (
+    from sglang_overlap.kernels.signal_gemm import (
         SignalGemmConfig,
         grouped_gemm_fp8_signal,
         new_signal,
@@ -213,7 +213,7 @@ def test_signal_values_equal_layout_expectation() -> None:
 
 
 def test_silu_and_mul_quant_matches_torch() -> None:
-    from sglang_overlap.engine import fp8
+    from sglang_overlap.kernels import fp8
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn((4, 96, 2 * 512), generator=gen, device="cuda", dtype=torch.bfloat16)

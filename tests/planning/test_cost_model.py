@@ -13,10 +13,10 @@ import dataclasses
 
 import pytest
 
-from sglang_overlap.planning.cost_model import MODES, micro_batches, mode_costs, predict
-from sglang_overlap.planning.profiles import GPU_NAMES, Deployment, load_hardware, load_model
+from sglang_overlap.planning.cost.cost_model import MODES, micro_batches, mode_costs, predict
+from sglang_overlap.planning.cost.profiles import GPU_NAMES, Deployment, load_hardware, load_model
+from sglang_overlap.planning.cost.stage_costs import grouped_gemm_us
 from sglang_overlap.planning.schedule import Task, build_tasks, simulate, steady_layer
-from sglang_overlap.planning.stage_costs import grouped_gemm_us
 
 DSV3 = load_model("deepseek-v3")
 H20 = load_hardware("H20")

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
 from sglang_overlap.planning.gating import Gate, token_bucket
-from sglang_overlap.planning.profiles import Deployment, load_hardware, load_model
 
 DSV3 = load_model("deepseek-v3")
 H20 = load_hardware("H20")

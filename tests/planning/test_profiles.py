@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from sglang_overlap.planning.profiles import (
+from sglang_overlap.planning.cost.profiles import (
     GPU_NAMES,
     MODEL_NAMES,
     Deployment,
@@ -23,7 +23,7 @@ from sglang_overlap.planning.profiles import (
     profile_to_dict,
     resolve_hardware,
 )
-from sglang_overlap.planning.stage_costs import grouped_gemm_us
+from sglang_overlap.planning.cost.stage_costs import grouped_gemm_us
 
 ROOT = Path(__file__).resolve().parents[2]
 

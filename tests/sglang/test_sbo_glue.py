@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_overlap.engine.probe import probe, read_params  # noqa: E402
+from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
 from sglang_overlap.settings import SettingsError  # noqa: E402
 from sglang_overlap.sglang import sbo  # noqa: E402

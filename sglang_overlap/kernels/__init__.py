@@ -1,0 +1,21 @@
+"""What the server runs: torch code and one module per kernel library. No sglang imports; only
+`deepep.py` imports deep_ep and only `deepgemm.py` imports deep_gemm.
+
+Where things are:
+    capabilities.py      what the installed deep_ep / deep_gemm accept, read without loading them
+    contracts.py         Dispatcher / ExpertRunner protocols and both DeepEP layouts
+    signals.py           the SBO signal contract (down GEMM marks units, combine-send takes them)
+    layouts.py           packing rows into the low-latency / normal layouts, the weighted combine
+    rowwise.py           batch-independent math (why overlap modes agree bit for bit on CPU)
+    streams.py           compute / communication streams joined by events (in order on CPU)
+    a2a.py               torch.distributed all-to-all dispatcher (gloo / NCCL, any world size)
+    experts.py           the torch expert runner (valid rows only; SBO marks units as they finish)
+    down_gemm.py         THE SBO down GEMM: picks fused or sliced per shape, runs it
+    signal_gemm.py       the fused Triton fp8 masked GEMM that raises signals per tile
+    deepgemm.py          DeepGEMM calls (masked, contiguous, sliced with signal writes)
+    deepgemm_experts.py  the fp8 expert runner on DeepGEMM (gate-up, SiLU+quant, down GEMM)
+    fp8.py               DeepGEMM's fp8 block-quant recipe, SiLU-and-mul + quant
+    deepep.py            DeepEP buffer sizing, combine overlap kwargs per form, the dispatcher
+
+The oracle these are checked against is `sglang_overlap.reference`.
+"""
