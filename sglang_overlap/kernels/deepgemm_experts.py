@@ -1,15 +1,14 @@
-"""DeepGEMM expert runner: `interfaces.ExpertRunner` for both DeepEP layouts, and the choice of
-signal-emitting down GEMM for single-batch overlap (SBO) on Hopper.
+"""DeepGEMM expert runner: `contracts.ExpertRunner` for both DeepEP layouts on fp8 kernels.
 
-The kernels live in `deepgemm.py` (the only deep_gemm importer) and `signal_gemm.py` (Triton).
+The kernels live in `deepgemm.py` (the only deep_gemm importer); with SBO the down GEMM is
+`down_gemm.signal_down_gemm`, the same entry the SGLang glue serves.
 
 Legend: E local experts, C capacity rows per expert, R rows of the normal layout, H hidden.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,16 +16,10 @@ from sglang_overlap.kernels import fp8
 from sglang_overlap.kernels.deepgemm import (
     Fp8ExpertWeights,
     api,
-    num_sms_scope,
     run_contiguous_experts,
     run_masked_experts,
-    sliced_masked_gemm_signal,
 )
-from sglang_overlap.kernels.signal_gemm import (
-    SignalGemmConfig,
-    default_config,
-    grouped_gemm_fp8_signal,
-)
+from sglang_overlap.kernels.down_gemm import signal_down_gemm
 
 if TYPE_CHECKING:
     from sglang_overlap.kernels.contracts import (
@@ -36,38 +29,12 @@ if TYPE_CHECKING:
     )
 
 
-@dataclass(frozen=True)
-class SignalPlan:
-    """How the down GEMM emits SBO signals."""
-
-    path: Literal["fused", "sliced"]
-    """fused: the Triton kernel's per-tile atomics; sliced: DeepGEMM launches per expert slice."""
-    slice_experts: int = 0
-    """Experts per DeepGEMM launch (sliced only)."""
-    streams: int = 1
-    """Streams the slices alternate over (sliced only)."""
-
-
-def choose_signal_path(num_local_experts: int, expected_m: int) -> SignalPlan:
-    """The fastest signal-emitting down GEMM by the H200 table (benchmarks/gpu_suite.py,
-    DeepSeek-V3 down projection, 2026-12-02): the fused Triton kernel for few experts while the
-    GEMM is memory-bound (E < 16, <= 64 rows: 1.03-1.09x one DeepGEMM launch); DeepGEMM on E/4
-    slices over two streams otherwise (0.95-1.04x), and on one stream in E/2 (E <= 16) or E/4
-    slices at 256 rows and more (1.03-1.20x)."""
-    e = num_local_experts
-    if expected_m >= 256:
-        return SignalPlan("sliced", max(1, e // 2 if e <= 16 else e // 4), 1)
-    if e < 16 and expected_m <= 64:
-        return SignalPlan("fused")
-    return SignalPlan("sliced", max(1, e // 4), 2)
-
-
 class DeepGemmExpertRunner:
-    """`interfaces.ExpertRunner` on DeepGEMM fp8 (1x128 activation, 128x128 weight scales).
+    """`contracts.ExpertRunner` on DeepGEMM fp8 (1x128 activation, 128x128 weight scales).
 
-    With an SBO `signal`, the down GEMM bumps `signal.signal` in-kernel (fused Triton kernel or
-    DeepGEMM slices, `choose_signal_path`); the counters reach `layout.expect_value` as units
-    finish, for a kernel consumer (sgl-deep-ep's combine) to poll. `signal.mark` is not called
+    With an SBO `signal`, the down GEMM (`down_gemm.signal_down_gemm`) raises `signal.signal` on
+    the device; the counters reach `layout.expect_value` as units finish, for a kernel consumer
+    (DeepEP's combine) to poll. `signal.mark` is not called
     (host-side bookkeeping is for torch producers): the contract is told the units are marked
     on the device, with an event after the GEMM for torch consumers.
     """
@@ -96,24 +63,10 @@ class DeepGemmExpertRunner:
 
     def _signal_down(self, signal: SignalContract, masked_m: torch.Tensor, expected_m: int
                      ) -> Any:
-        lay = signal.layout
-        plan = choose_signal_path(lay.num_local_experts, expected_m)
-        base = default_config(expected_m)
-        cfg = SignalGemmConfig(lay.block_m, lay.block_n, base.num_warps, base.num_stages,
-                               max(1, base.ctas_per_sm), base.k_unroll)
-
         def down(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor,
                  out: torch.Tensor) -> None:
-            if plan.path == "sliced" and a.shape[1] % 64 == 0:
-                with num_sms_scope(lay.compute_num_sms):
-                    sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked_m, expected_m,
-                                              signal=signal.signal, layout=lay,
-                                              slice_experts=plan.slice_experts,
-                                              streams=plan.streams)
-            else:
-                grouped_gemm_fp8_signal(a, a_s, b, b_s, masked_m, out, config=cfg,
-                                        signal=signal.signal, layout=lay,
-                                        num_programs=cfg.programs(lay.compute_num_sms))
+            signal_down_gemm(a, a_s, b, b_s, out, masked_m, expected_m, signal=signal.signal,
+                             layout=signal.layout)
         return down
 
     def run_normal(self, dispatched: NormalDispatchOutput) -> torch.Tensor:

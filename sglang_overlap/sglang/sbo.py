@@ -13,8 +13,8 @@ process by `planning.sbo_path.decide_sbo_path` from `engine.probe`:
   SboFlags...down_gemm... (around) down-GEMM/combine overlap only on fine_grained / per_expert
   compute_overlap_args (around)   per_expert / plugin per-block: the signal laid out by
                                   SboLayout for the plugin's signal GEMM tiles
-  grouped_gemm_nt_f8f8bf16_masked (around)  the plugin's Triton signal GEMM instead of the
-                                  kwargs deep_gemm lacks
+  grouped_gemm_nt_f8f8bf16_masked (around)  the plugin's signal down GEMM
+                                  (kernels.down_gemm: fused or sliced, measured per shape)
   _DeepEPDispatcherImplLowLatency._combine_core (around)  only the combine kwargs the
                                   installed deep_ep declares (engine.deepep builds them)
 
@@ -35,7 +35,7 @@ import torch
 
 from sglang_overlap.kernels.capabilities import ProbeReport, probe
 from sglang_overlap.kernels.deepep import check_combine_call, combine_overlap_kwargs
-from sglang_overlap.planning.sbo_layout import SboLayout, plan_sbo_layout
+from sglang_overlap.planning.sbo_layout import SboLayout
 from sglang_overlap.planning.sbo_path import SboDecision, SboRequest, decide_sbo_path
 from sglang_overlap.settings import OverlapSettings, SettingsError
 from sglang_overlap.sglang.hooks import HookSpec
@@ -149,35 +149,25 @@ def _down_gemm_flag(orig: Any, cls: Any) -> bool:
     return bool(is_sbo_enabled()) and decision.down_gemm_overlap
 
 
-def plugin_signal_layout(decision: SboDecision, shape: tuple[int, int, int], expected_m: int,
-                         num_sms: int, comm_num_sms: int) -> tuple[SboLayout, Any]:
-    """The signal layout for the plugin's signal GEMM on a [E_local, C, H] down output."""
-    from sglang_overlap.kernels.signal_gemm import default_config
-
-    e_local, capacity, hidden = shape
-    config = default_config(expected_m)
-    assert decision.granularity is not None
-    layout = plan_sbo_layout(num_local_experts=e_local, capacity=capacity,
-                             block_m=config.block_m, block_n=config.block_n, hidden=hidden,
-                             num_sms=num_sms, comm_num_sms=comm_num_sms,
-                             granularity=decision.granularity)
-    return layout, config
-
-
 def apply_plugin_signal(decision: SboDecision, combine: Any, down: Any, meta: dict[str, Any],
                         shape: tuple[int, int, int], expected_m: int, device: Any,
                         comm_num_sms: int = 0) -> None:
     """Swap upstream's Hopper per-block int32 signal for the plugin signal GEMM's, in place."""
+    from sglang_overlap.kernels.down_gemm import signal_layout
     from sglang_overlap.kernels.signal_gemm import new_signal
 
     total = combine.num_sms + meta["compute_num_sms"]
     comm = comm_num_sms or combine.num_sms
-    layout, config = plugin_signal_layout(decision, shape, expected_m, total, comm)
+    e_local, capacity, hidden = shape
+    assert decision.granularity is not None
+    layout = signal_layout(num_local_experts=e_local, capacity=capacity, hidden=hidden,
+                           expected_m=expected_m, granularity=decision.granularity,
+                           num_sms=total, comm_num_sms=comm)
     signal = new_signal(layout, device)  # zeroed in the forward: re-zeroed on graph replay
     combine.signal = down.signal = signal
     combine.num_sms, combine.threshold = comm, layout.expect_value
     down.num_sms = meta["compute_num_sms"] = layout.compute_num_sms
-    down.sbo_layout, down.signal_gemm_config = layout, config
+    down.sbo_layout, down.expected_m = layout, expected_m
     if layout.granularity == "block":
         meta["block_m"], meta["threshold"] = layout.block_m, layout.expect_value
 
@@ -203,16 +193,12 @@ def _masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expecte
     if overlap_args is None or layout is None:
         return orig(lhs, rhs, out, masked_m, expected_m, overlap_args=overlap_args,
                     max_block_n=max_block_n, recipe_a=recipe_a, recipe_b=recipe_b)
-    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.down_gemm import signal_down_gemm
 
     (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
-    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
-        raise RuntimeError("sglang-overlap signal GEMM needs fp32 block scales (1x128 / 128x128);"
-                           f" got {a_scale.dtype} / {b_scale.dtype} (UE8M0 is Blackwell-only)")
-    config = overlap_args.signal_gemm_config
-    grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
-                            signal=overlap_args.signal, layout=layout,
-                            num_programs=config.programs(overlap_args.num_sms))
+    signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, expected_m,
+                     signal=overlap_args.signal, layout=layout,
+                     compute_num_sms=overlap_args.num_sms)
     if layout.granularity == "block":
         return layout.block_m, layout.expect_value
     return None  # per expert: the combine needs no block_m / threshold
@@ -253,7 +239,7 @@ SBO_HOOKS: tuple[HookSpec, ...] = (
     HookSpec(COMPUTE_OVERLAP_ARGS, _compute_overlap_args, "around",
              "lay the signal out for the plugin's signal GEMM (per expert or per block)"),
     HookSpec(MASKED_GEMM, _masked_gemm, "around",
-             "run the plugin's signal GEMM instead of deep_gemm kwargs no wheel accepts"),
+             "the down GEMM is kernels.down_gemm (signals; deep_gemm wheels lack the kwargs)"),
     HookSpec(LL_COMBINE_CORE, _combine_core, "around",
              "pass only the combine overlap kwargs the installed deep_ep declares"),
 )

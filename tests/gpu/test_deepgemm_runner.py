@@ -179,7 +179,7 @@ def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
     """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices on two streams;
     256: DeepGEMM slices on one stream (choose_signal_path)."""
     from sglang_overlap.kernels.contracts import LowLatencyDispatchOutput, SignalContract
-    from sglang_overlap.kernels.deepgemm_experts import choose_signal_path
+    from sglang_overlap.kernels.down_gemm import choose_signal_path
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     e, cap, hidden, inter = 4, 128, 2048, 512
@@ -200,7 +200,7 @@ def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
     diff = _calc_diff(got[valid], want[valid])
     assert got.dtype == torch.bfloat16 and diff < 5e-3, f"{diff=} {expected_m=}"
     if signal is not None:
-        plan = choose_signal_path(e, expected_m)
+        plan = choose_signal_path(e, expected_m, cap)
         assert signal.signal.view(torch.int32).tolist() == [lay.expect_value] * e, plan
 
 

@@ -13,7 +13,6 @@ import torch
 from benchmarks.kernels.combine_consumer import combine_reference
 from sglang_overlap.kernels import fp8
 from sglang_overlap.kernels.deepgemm import detect_api
-from sglang_overlap.kernels.deepgemm_experts import SignalPlan, choose_signal_path
 from sglang_overlap.kernels.signal_gemm import (
     SignalGemmConfig,
     default_config,
@@ -88,26 +87,6 @@ def test_default_config_tiles_are_what_the_kernel_accepts() -> None:
         assert isinstance(cfg, SignalGemmConfig)
         assert 128 % cfg.block_n == 0 or cfg.block_n % 128 == 0, cfg
         assert cfg.block_m in (64, 128), cfg
-
-
-@pytest.mark.parametrize(
-    ("experts", "m", "want"),
-    [
-        (8, 16, SignalPlan("fused")),
-        (8, 64, SignalPlan("fused")),
-        (8, 128, SignalPlan("sliced", 2, 2)),
-        (8, 256, SignalPlan("sliced", 4, 1)),
-        (16, 16, SignalPlan("sliced", 4, 2)),
-        (16, 256, SignalPlan("sliced", 8, 1)),
-        (32, 64, SignalPlan("sliced", 8, 2)),
-        (32, 256, SignalPlan("sliced", 8, 1)),
-        (2, 512, SignalPlan("sliced", 1, 1)),
-        (1, 128, SignalPlan("sliced", 1, 2)),
-    ],
-)
-def test_choose_signal_path_table(experts: int, m: int, want: SignalPlan) -> None:
-    # the H200 measurements behind each row are in choose_signal_path's docstring
-    assert choose_signal_path(experts, m) == want
 
 
 def _fn(*names: str):

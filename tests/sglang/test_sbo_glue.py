@@ -313,3 +313,49 @@ def test_masked_gemm_without_plugin_layout_is_upstreams_call() -> None:
     assert sbo._masked_gemm(orig, "lhs", "rhs", "out", "m", 5, overlap_args=upstream_args,
                             max_block_n=160) == "deep_gemm"
     assert calls[1][1]["overlap_args"] is upstream_args and calls[1][1]["max_block_n"] == 160
+
+
+def _plugin_down_args(expected_m: int) -> Any:
+    from sglang.srt.batch_overlap.single_batch_overlap import (
+        CombineOverlapArgs,
+        DownGemmOverlapArgs,
+    )
+
+    decision = SboDecision(SboPath.PER_EXPERT, "t", granularity="expert",  # type: ignore
+                           gemm_signal_source="plugin")
+    combine = CombineOverlapArgs(overlap=True, stream=None, wait_event=None, num_sms=3,
+                                 signal=torch.zeros(1), threshold=1)
+    down = DownGemmOverlapArgs(num_sms=129, signal=torch.zeros(1), start_event=None)
+    sbo.apply_plugin_signal(decision, combine, down, {"compute_num_sms": 129}, (8, 256, 7168),
+                            expected_m, "cpu")
+    return down
+
+
+def test_served_masked_gemm_is_the_down_gemm_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The glue's down GEMM is `kernels.down_gemm.signal_down_gemm` (the measured choice), with
+    the layout, expected_m and SM budget the combine was told about."""
+    from sglang_overlap.kernels import down_gemm
+
+    seen: list[dict[str, Any]] = []
+
+    def entry(a: Any, a_s: Any, b: Any, b_s: Any, out: Any, masked_m: Any, expected_m: int,
+              **kw: Any) -> Any:
+        seen.append(dict(kw, expected_m=expected_m))
+        return down_gemm.choose_signal_path(kw["layout"].num_local_experts, expected_m, 256)
+
+    monkeypatch.setattr(down_gemm, "signal_down_gemm", entry)
+    down = _plugin_down_args(expected_m=128)
+    got = sbo._masked_gemm(lambda *a, **k: "deep_gemm", ("a", "as"), ("b", "bs"), "out", "m",
+                           128, overlap_args=down)
+    assert got is None  # per expert: the combine takes no block_m / threshold
+    assert seen == [{"signal": down.signal, "layout": down.sbo_layout, "compute_num_sms": 129,
+                     "expected_m": 128}]
+
+
+def test_served_masked_gemm_reaches_the_real_entry() -> None:
+    """No stand-in: the real entry runs and refuses bf16 scales before any kernel launch."""
+    down = _plugin_down_args(expected_m=32)
+    x = torch.zeros(8, 256, 2048, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fp32 block scales"):
+        sbo._masked_gemm(lambda *a, **k: "deep_gemm", (x, x), (x, x), x, torch.zeros(8), 32,
+                         overlap_args=down)

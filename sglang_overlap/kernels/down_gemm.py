@@ -1,0 +1,112 @@
+"""THE SBO down GEMM: the one entry that both the SGLang glue and the DeepGEMM expert runner call.
+
+A signal-emitting down GEMM must tell the combine send which output units are final while it
+still runs. Two producers exist (see `signal_gemm.py` for both forms):
+
+- fused: the plugin's Triton fp8 masked GEMM, one release atomic per finished tile;
+- sliced: unmodified DeepGEMM launched per slice of experts, each slice followed by a store of
+  its units' final values (`deepgemm.sliced_masked_gemm_signal`).
+
+`choose_signal_path` picks one per shape from the H200 measurements
+(`benchmarks/results/h200_signal_gemm.md`); `signal_layout` is the single place the signal buffer
+of a served down GEMM is laid out; `signal_down_gemm` runs the chosen producer.
+
+Legend: E local experts, C capacity rows per expert, K = moe intermediate, N = hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from sglang_overlap.kernels.signal_gemm import (
+    SignalGemmConfig,
+    default_config,
+    grouped_gemm_fp8_signal,
+)
+from sglang_overlap.planning.sbo_layout import Granularity, SboLayout, plan_sbo_layout
+
+# sgl-deep-gemm 0.1.4.post1's masked GEMM writes wrong rows at per-expert capacity 16 / 32
+# (seen on the H200): DeepGEMM slices run only where the capacity is a multiple of this.
+DEEPGEMM_CAPACITY_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class SignalPlan:
+    """How the down GEMM emits SBO signals."""
+
+    path: Literal["fused", "sliced"]
+    """fused: the Triton kernel's per-tile atomics; sliced: DeepGEMM launches per expert slice."""
+    slice_experts: int = 0
+    """Experts per DeepGEMM launch (sliced only)."""
+    streams: int = 1
+    """Streams the slices alternate over (sliced only)."""
+    why: str = ""
+    """One line: the measurement or constraint behind the choice."""
+
+
+def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:
+    """The fastest signal-emitting down GEMM for this shape, by the H200 table (DeepSeek-V3 down
+    projection, N 7168, K 2048, CUDA graphs, 2026-12-02): fused for few experts while the GEMM
+    is memory-bound (E < 16, <= 64 rows: 1.03-1.09x one DeepGEMM launch); DeepGEMM on E/4 slices
+    over two streams otherwise (0.95-1.04x), on one stream in E/2 (E <= 16) or E/4 slices at 256
+    rows and more (1.03-1.20x). Capacities DeepGEMM mis-computes always take the fused kernel."""
+    e = num_local_experts
+    if capacity % DEEPGEMM_CAPACITY_ALIGN:
+        return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
+                          f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM 0.1.4 mis-computes it)")
+    if expected_m >= 256:
+        return SignalPlan("sliced", max(1, e // 2 if e <= 16 else e // 4), 1,
+                          why="H200: one-stream slices fastest at >= 256 rows")
+    if e < 16 and expected_m <= 64:
+        return SignalPlan("fused", why="H200: fused fastest for E < 16 at <= 64 rows")
+    return SignalPlan("sliced", max(1, e // 4), 2, why="H200: E/4 slices on two streams fastest")
+
+
+def signal_layout(*, num_local_experts: int, capacity: int, hidden: int, expected_m: int,
+                  granularity: Granularity, num_sms: int, comm_num_sms: int) -> SboLayout:
+    """The signal buffer of a served down GEMM `[E, C, K] x [E, N, K] -> [E, C, N]`: units follow
+    the fused kernel's tiles for `expected_m` rows per expert (the sliced path marks whole
+    experts, so any unit size serves it)."""
+    config = default_config(expected_m)
+    return plan_sbo_layout(num_local_experts=num_local_experts, capacity=capacity,
+                           block_m=config.block_m, block_n=config.block_n, hidden=hidden,
+                           num_sms=num_sms, comm_num_sms=comm_num_sms, granularity=granularity)
+
+
+def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:
+    """The fused kernel's launch for `layout`'s tiles (warps / stages tuned for `expected_m`)."""
+    base = default_config(expected_m)
+    return SignalGemmConfig(layout.block_m, layout.block_n, base.num_warps, base.num_stages,
+                            max(1, base.ctas_per_sm), base.k_unroll)
+
+
+def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                     b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
+                     expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
+                     compute_num_sms: int | None = None) -> SignalPlan:
+    """out[e, :masked_m[e]] = a[e] @ b[e]^T with fp8 block scales, raising `signal` (zeroed, from
+    `signal_gemm.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
+    exactly once, empty experts included. a `[E, C, K]` fp8 + `[E, C, K/128]` fp32 scales,
+    b `[E, N, K]` fp8 + `[E, N/128, K/128]` fp32, out `[E, C, N]` bf16. The GEMM keeps to
+    `compute_num_sms` (default: the layout's), leaving the rest to the combine send.
+    Returns the plan it ran."""
+    from sglang_overlap.kernels.deepgemm import num_sms_scope, sliced_masked_gemm_signal
+
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        raise ValueError("the SBO signal GEMM needs fp32 block scales (1x128 / 128x128); got "
+                         f"{a_scale.dtype} / {b_scale.dtype} (UE8M0 scales are Blackwell-only)")
+    sms = compute_num_sms or layout.compute_num_sms
+    plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
+    if plan.path == "sliced":
+        with num_sms_scope(sms):
+            sliced_masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m, expected_m,
+                                      signal=signal, layout=layout,
+                                      slice_experts=plan.slice_experts, streams=plan.streams)
+    else:
+        config = fused_config(layout, expected_m)
+        grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
+                                signal=signal, layout=layout, num_programs=config.programs(sms))
+    return plan
