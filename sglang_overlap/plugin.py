@@ -3,6 +3,11 @@
 SGLang calls `register()` in every process (launcher, schedulers, detokenizer) before it parses
 arguments or builds the model, then applies the registered hooks. `register()` imports no torch
 and is safe to call any number of times.
+
+First the version guard (`sglang/guard.py`) reads the installed sglang: if its version or any
+hook target differs from what the hooks were written for, the plugin stays inert (one log line)
+and only its argument hooks are installed, so that a server asking for overlap is refused at
+argument parsing, naming the versions and the first mismatching target.
 """
 
 from __future__ import annotations
@@ -11,37 +16,24 @@ import logging
 
 logger = logging.getLogger("sglang_overlap")
 
-
-def all_hook_specs() -> list:  # list[HookSpec]
-    """Every hook the plugin installs, from each glue module."""
-    from sglang_overlap.sglang import args
-
-    specs = list(args.ARG_HOOKS)
-    for module_name, attr in _OPTIONAL_GLUE:
-        try:
-            module = __import__(module_name, fromlist=[attr])
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        specs.extend(getattr(module, attr))
-    return specs
-
-
-# Glue modules that contribute hooks (module, attribute holding a tuple of HookSpec).
-_OPTIONAL_GLUE: tuple[tuple[str, str], ...] = (
-    ("sglang_overlap.sglang.tbo", "SPLIT_HOOKS"),
-    ("sglang_overlap.sglang.a2a_backend", "A2A_HOOKS"),
-    ("sglang_overlap.sglang.moe", "MOE_HOOKS"),
-    ("sglang_overlap.sglang.sbo", "SBO_HOOKS"),
-)
+_done: dict[str, bool] = {}
 
 
 def register() -> None:
-    from sglang_overlap.sglang import a2a_backend
-    from sglang_overlap.sglang.hooks import install, install_resolution_hooks
+    from sglang_overlap.sglang import guard, hooks, server_args
 
-    new = install(all_hook_specs())
-    install_resolution_hooks(a2a_backend.RESOLUTION_HOOKS)
-    if new:
-        logger.debug("sglang-overlap: registered %d hooks", len(new))
+    specs = hooks.all_specs()
+    result = guard.check(hooks.all_pins())
+    if result.ok:
+        server_args.set_inert(None)
+        new = hooks.install(specs)
+        hooks.install_resolution_hooks(hooks.resolution_specs())
+        if new:
+            logger.debug("sglang-overlap: registered %d hooks", len(new))
+        return
+    server_args.set_inert(result.message())
+    hooks.install(s for s in specs if s.target in server_args.ALWAYS)
+    if not _done.get("logged"):
+        _done["logged"] = True
+        logger.warning("%s; the plugin is inert (overlap flags will be refused)",
+                       result.message())

@@ -15,15 +15,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from sglang_overlap.planning.cost.profiles import HARDWARE_PROFILES
+from sglang_overlap.planning.gating import check_hysteresis
+from sglang_overlap.planning.sbo_layout import default_comm_num_sms
+from sglang_overlap.planning.two_chunk import check_threshold
 
 GatingPolicy = Literal["always", "auto"]
 SignalGranularity = Literal["auto", "expert", "block"]
 DownGemmOverlap = Literal["auto", "force", "off"]
 
-HARDWARE_PROFILE_CHOICES = ("auto", "H20", "H800", "H100", "H200", "B200")
+
+HARDWARE_PROFILE_CHOICES = ("auto", *HARDWARE_PROFILES)
 
 
 class SettingsError(ValueError):
@@ -57,14 +63,16 @@ class OverlapSettings:
     )
     """--tbo-token-distribution-threshold (SGLang's flag, same meaning)."""
 
-    moe_a2a_backend: str = dataclasses.field(
+    requested_a2a_backend: str = dataclasses.field(
         default="none",
         metadata={"help": "Expert-parallel all-to-all backend. The plugin adds torch_a2a: "
                   "torch.distributed all-to-all over the tensor-parallel group (gloo on CPU, "
                   "NCCL on GPU), for machines without DeepEP.", "upstream": True,
-                  "metavar": "BACKEND"},
+                  "metavar": "BACKEND", "dest": "moe_a2a_backend"},
     )
-    """--moe-a2a-backend (SGLang's flag; the plugin adds the choice torch_a2a)."""
+    """--moe-a2a-backend as the user gave it (SGLang's flag; the plugin adds the choice
+    torch_a2a). SGLang's own copy on ServerArgs resolves torch_a2a to deepep, so that DeepEP's
+    code paths apply; this field keeps what was asked for."""
 
     overlap_gating: GatingPolicy = dataclasses.field(
         default="always",
@@ -93,7 +101,8 @@ class OverlapSettings:
     sbo_combine_num_sms: int = dataclasses.field(
         default=0,
         metadata={"help": "SMs given to the combine-send kernel while the down GEMM runs; 0 = "
-                  "default for the GPU (3 on Hopper, 32 on Blackwell, as upstream).",
+                  f"default for the GPU ({default_comm_num_sms(False)} on Hopper, "
+                  f"{default_comm_num_sms(True)} on Blackwell, as upstream).",
                   "upstream": False, "metavar": "N"},
     )
     """--sbo-combine-num-sms: SMs reserved for combine-send during the down GEMM (0 = default)."""
@@ -126,20 +135,32 @@ class OverlapSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def to_dests(self) -> dict[str, Any]:
+        """The values keyed by argparse dest (what `from_mapping` reads back)."""
+        return {dest_of(f): getattr(self, f.name) for f in _fields()}
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> OverlapSettings:
-        """Build from any mapping (an argparse namespace's vars, ServerArgs fields): unknown keys
-        are ignored, missing keys take the default."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+        """Build from any mapping keyed by argparse dests (a namespace's vars, ServerArgs
+        fields): unknown keys are ignored, missing keys take the default."""
+        return cls(**{f.name: values[dest_of(f)] for f in dataclasses.fields(cls)
+                      if values.get(dest_of(f)) is not None})
 
 
 def _fields() -> list[dataclasses.Field[Any]]:
     return list(dataclasses.fields(OverlapSettings))
 
 
+def dest_of(f: dataclasses.Field[Any]) -> str:
+    """The argparse dest (and ServerArgs field) a setting is read from."""
+    return str(f.metadata.get("dest", f.name))
+
+
 def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
+    """`--flag-name` of a settings field (by field name or argparse dest)."""
+    fields = {f.name: f for f in _fields()}
+    dest = dest_of(fields[field_name]) if field_name in fields else field_name
+    return "--" + dest.replace("_", "-")
 
 
 def plugin_fields() -> list[dataclasses.Field[Any]]:
@@ -191,30 +212,25 @@ def add_arguments(
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """The facts about the server that validation needs (read from SGLang's resolved args)."""
+class ServerFacts:
+    """What validation needs to know of the server besides the plugin's own settings."""
 
     moe_a2a_backend: str = "none"
-    """--moe-a2a-backend as resolved by SGLang."""
+    """--moe-a2a-backend as given (before SGLang resolves torch_a2a to deepep)."""
     tp_size: int = 1
-    ep_size: int = 1
     attn_dp_size: int = 1
-    deepep_mode: str = "auto"
-    disaggregation_mode: str = "null"
-    extra_a2a_backends: Sequence[str] = ()
-    """a2a backends the plugin itself provides (registered by the glue)."""
 
 
-def validate_settings(s: OverlapSettings, d: Deployment) -> list[str]:
+def validate_settings(s: OverlapSettings, d: ServerFacts) -> list[str]:
     """Raise SettingsError naming the flags when `s` cannot work in `d`. Return warnings."""
     errors: list[str] = []
     warnings: list[str] = []
-    t = s.tbo_token_distribution_threshold
-    if not 0.0 <= t <= 0.5:
-        errors.append(f"--tbo-token-distribution-threshold must be in [0, 0.5] (got {t})")
-    h = s.overlap_gating_hysteresis
-    if not 0.0 <= h <= 0.5:
-        errors.append(f"--overlap-gating-hysteresis must be in [0, 0.5] (got {h})")
+    for check, value in ((check_threshold, s.tbo_token_distribution_threshold),
+                         (check_hysteresis, s.overlap_gating_hysteresis)):
+        try:
+            check(value)
+        except ValueError as exc:
+            errors.append(str(exc))
     if s.sbo_combine_num_sms < 0:
         errors.append(f"--sbo-combine-num-sms must be >= 0 (got {s.sbo_combine_num_sms})")
     profile = s.overlap_hardware_profile

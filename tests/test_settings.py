@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from sglang_overlap.settings import (
-    Deployment,
     OverlapSettings,
+    ServerFacts,
     SettingsError,
     add_arguments,
     flag_name,
@@ -18,7 +18,7 @@ from sglang_overlap.settings import (
     validate_settings,
 )
 
-DEEPEP = Deployment(moe_a2a_backend="deepep", ep_size=16)
+DEEPEP = ServerFacts(moe_a2a_backend="deepep", tp_size=16)
 
 
 def _parse(argv: list[str]) -> OverlapSettings:
@@ -50,7 +50,7 @@ def test_defaults_are_upstream_behaviour() -> None:
     s = _parse([])
     assert s == OverlapSettings()
     assert not s.any_overlap and s.overlap_gating == "always"
-    assert validate_settings(s, Deployment()) == []
+    assert validate_settings(s, ServerFacts()) == []
 
 
 def test_parse_all_flags() -> None:
@@ -85,8 +85,8 @@ def test_add_arguments_twice_is_harmless() -> None:
     [
         ({"tbo_token_distribution_threshold": 0.7}, DEEPEP, "--tbo-token-distribution-threshold"),
         ({"tbo_token_distribution_threshold": -0.1}, DEEPEP, "got -0.1"),
-        ({"enable_single_batch_overlap": True}, Deployment(), "--moe-a2a-backend deepep"),
-        ({"enable_two_batch_overlap": True}, Deployment(), "--enable-two-batch-overlap needs"),
+        ({"enable_single_batch_overlap": True}, ServerFacts(), "--moe-a2a-backend deepep"),
+        ({"enable_two_batch_overlap": True}, ServerFacts(), "--enable-two-batch-overlap needs"),
         ({"overlap_gating_hysteresis": 0.9, "enable_two_batch_overlap": True}, DEEPEP,
          "--overlap-gating-hysteresis"),
         ({"sbo_combine_num_sms": -1, "enable_single_batch_overlap": True}, DEEPEP, ">= 0"),
@@ -98,12 +98,12 @@ def test_add_arguments_twice_is_harmless() -> None:
           "sbo_combine_num_sms": 4}, DEEPEP, "--sbo-combine-num-sms contradicts"),
         ({"overlap_gating": "auto"}, DEEPEP, "--overlap-gating auto needs"),
         ({"overlap_hardware_profile": "A100"}, DEEPEP, "--overlap-hardware-profile"),
-        ({"enable_two_batch_overlap": True}, Deployment(moe_a2a_backend="torch_a2a"),
+        ({"enable_two_batch_overlap": True}, ServerFacts(moe_a2a_backend="torch_a2a"),
          "torch_a2a needs --tp 2 or more"),
     ],
 )
 def test_invalid_combinations_name_the_flags(
-    changes: dict, deploy: Deployment, needle: str
+    changes: dict, deploy: ServerFacts, needle: str
 ) -> None:
     s = dataclasses.replace(OverlapSettings(), **changes)
     with pytest.raises(SettingsError) as info:
@@ -113,7 +113,7 @@ def test_invalid_combinations_name_the_flags(
 
 def test_tbo_with_attention_dp_needs_no_a2a() -> None:
     s = OverlapSettings(enable_two_batch_overlap=True)
-    assert validate_settings(s, Deployment(attn_dp_size=2)) == []
+    assert validate_settings(s, ServerFacts(attn_dp_size=2)) == []
 
 
 def test_tbo_and_sbo_together_warn() -> None:

@@ -84,11 +84,13 @@ def _sglang_section() -> dict[str, Any]:
         return out
     from sglang.srt.plugins import load_plugins
 
-    from sglang_overlap.sglang import hooks
+    from sglang_overlap.sglang import guard, hooks
 
     load_plugins()
     out["plugin_loaded"] = bool(hooks._installed)  # noqa: SLF001 - registered by register()
     out["hooks_registered"] = len(hooks._installed)  # noqa: SLF001
+    result = guard.check(hooks.all_pins())
+    out["guard"] = "ok" if result.ok else result.message()
     return out
 
 
@@ -150,7 +152,7 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     out["flags"]["settings"] = settings.to_dict()
     a2a = str(getattr(server_args, "moe_a2a_backend", "none"))
     runner = str(getattr(server_args, "moe_runner_backend", "auto"))
-    from sglang_overlap.sglang.sbo import decide_sbo
+    from sglang_overlap.sglang.sbo_decision import decide_sbo
 
     try:
         decision, _ = decide_sbo(settings, a2a_backend=a2a, runner_backend=runner, report=report)
@@ -161,12 +163,14 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
         out["sbo"] = {"path": None, "reason": "refused", "refusal": str(exc)}
         status = status or 1
     out["tbo"] = {"path": _tbo(settings, server_args)}
+    if out["sglang"].get("guard", "ok") != "ok":
+        status = status or 1
     out["ok"] = status == 0
     return out, status
 
 
 def _parse(argv: list[str], flags: dict[str, Any]) -> tuple[OverlapSettings, Any, int]:
-    from sglang_overlap.sglang.args import parse_server_args
+    from sglang_overlap.sglang.server_args import parse_server_args
 
     try:
         server_args, settings = parse_server_args(argv)
@@ -180,9 +184,9 @@ def _parse(argv: list[str], flags: dict[str, Any]) -> tuple[OverlapSettings, Any
         settings, ns = _overlap_flags_only(argv)
         return settings, ns, 2
     from sglang_overlap.settings import validate_settings
-    from sglang_overlap.sglang.args import deployment_of
+    from sglang_overlap.sglang.server_args import server_facts
 
-    flags["warnings"] = validate_settings(settings, deployment_of(server_args))
+    flags["warnings"] = validate_settings(settings, server_facts(server_args))
     return settings, server_args, 0
 
 
@@ -208,7 +212,7 @@ def _print(out: dict[str, Any]) -> None:
         f"python {m['python']}, torch {m['torch']}, CUDA {m['cuda']}",
         f"GPU ({m['gpu_source']}): {gpu}",
         f"sglang {s['version']}: plugin {ENTRY_NAME} discovered={s['plugin_discovered']}, "
-        f"loaded={s['plugin_loaded']}",
+        f"loaded={s['plugin_loaded']}; version guard: {s.get('guard', 'not run')}",
     ]
     for name in ("deep_ep", "deep_gemm"):
         e = k[name]

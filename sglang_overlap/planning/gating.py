@@ -48,6 +48,15 @@ def token_bucket(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
+HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
+
+
+def check_hysteresis(hysteresis: float) -> None:
+    """Raise ValueError unless 0 <= hysteresis <= 0.5."""
+    if not (isinstance(hysteresis, (int, float)) and 0.0 <= hysteresis <= 0.5):
+        raise ValueError(f"{HYSTERESIS_FLAG} must be in [0, 0.5] (got {hysteresis!r})")
+
+
 class Gate:
     """Chooses a mode per step from shared data; one instance per rank, fed the same inputs."""
 
@@ -57,8 +66,7 @@ class Gate:
         if unknown:
             raise ValueError(f"Gate: unknown modes {unknown}; enable a subset of "
                              f"{sorted(ENABLABLE)}")
-        if not 0.0 <= hysteresis <= 0.5:
-            raise ValueError(f"--overlap-gating-hysteresis must be in [0, 0.5] (got {hysteresis})")
+        check_hysteresis(hysteresis)
         self.model, self.hw, self.deploy = model, hw, deploy
         self.enabled = frozenset(enabled)
         self.hysteresis = hysteresis

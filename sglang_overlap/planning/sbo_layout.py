@@ -27,6 +27,17 @@ Granularity = Literal["expert", "block"]
 _INT32_MAX = 2**31 - 1
 _GRANULARITIES = ("expert", "block")
 
+HOPPER_NUM_SMS = 132
+"""SMs of an H100 / H200 SXM; also the nominal count where no GPU is present (CPU)."""
+BLACKWELL_NUM_SMS = 148
+"""SMs of a B200."""
+
+
+def default_comm_num_sms(blackwell: bool) -> int:
+    """SMs upstream SGLang gives the combine send beside the down GEMM: 32 on Blackwell, 3 on
+    Hopper (--sbo-combine-num-sms 0 means this)."""
+    return 32 if blackwell else 3
+
 
 @dataclass(frozen=True)
 class SboLayout:
@@ -126,4 +137,5 @@ def plan_sbo_layout(
     )
 
 
-__all__ = ["Granularity", "SboLayout", "plan_sbo_layout"]
+__all__ = ["BLACKWELL_NUM_SMS", "HOPPER_NUM_SMS", "Granularity", "SboLayout",
+           "default_comm_num_sms", "plan_sbo_layout"]

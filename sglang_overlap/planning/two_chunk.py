@@ -38,8 +38,7 @@ def check_threshold(threshold: float) -> None:
     """Raise ValueError unless 0 <= threshold <= 0.5 (0 disables two-chunk)."""
     if not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 0.5):
         raise ValueError(
-            f"{THRESHOLD_FLAG} must be a number in [0, 0.5] (0 disables two-chunk); "
-            f"got {threshold!r}"
+            f"{THRESHOLD_FLAG} must be in [0, 0.5] (got {threshold!r}); 0 disables two-chunk"
         )
 
 

@@ -1,3 +1,22 @@
-"""Glue to SGLang 0.5.23: the only package that imports sglang."""
+"""Glue to SGLang 0.5.23: the only package that imports sglang; never imports `reference/`.
 
-SGLANG_VERSION = "0.5.23"
+One file per upstream module hooked (what a maintainer diffs when SGLang is upgraded):
+    server_args.py           sglang.srt.server_args: the flags, validation, torch_a2a resolution
+    two_batch_overlap.py     ...batch_overlap.two_batch_overlap: TBO / two-chunk split decisions
+    operations.py            ...batch_overlap.operations: the TBO step marker around upstream
+    operations_strategy.py   ...batch_overlap.operations_strategy: CPU prefill strategy
+    dp_attn.py               ...managers.scheduler_components.dp_attn: --overlap-gating auto
+    forward_batch_info.py    ...model_executor.forward_batch_info: CPU padding fill value
+    deepep_dispatcher.py     ...layers.moe.token_dispatcher.deepep: torch_a2a impls, SBO combine
+    ep_moe.py                ...layers.moe.ep_moe.layer: torch_a2a experts
+    moe_utils.py             ...layers.moe.utils: the SBO path decision, SM90 refusal lifted
+    single_batch_overlap.py  ...batch_overlap.single_batch_overlap: the SBO signal layout
+    deep_gemm_wrapper.py     ...layers.deep_gemm_wrapper.entrypoint: the SBO down GEMM
+Shared by them:
+    hooks.py         HookSpec, the list of glue modules, registration
+    guard.py         the SGLang version / hook-target check run by register()
+    state.py         the one settings reader, the TBO-step marker, SM counts
+    sbo_decision.py  the SBO path of this process (from the installed kernels)
+    gate.py          the per-step gate (--overlap-gating auto)
+    torch_a2a.py     the torch_a2a dispatcher impls
+"""

@@ -1,12 +1,14 @@
 """Every SGLang function the plugin hooks, by name, and the one place that registers them.
 
-Each glue module exposes a tuple of `HookSpec`s; `install` registers them all with SGLang's
+Each glue module is named after the upstream module it hooks and exposes `HOOKS`, a tuple of
+`HookSpec`s. `GLUE_MODULES` lists them; `install` registers their specs with SGLang's
 `HookRegistry`. A hook whose mode is off hands straight back to the original function, so a server
 with the plugin installed and no overlap flag set behaves exactly like one without it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +24,55 @@ class HookSpec:
     kind: HookKind
     why: str
     """One line: what the hook changes and why a hook (not a patch) can do it."""
+    fingerprint: str
+    """The target's source fingerprint in the supported SGLang (see `guard.py`)."""
+
+
+@dataclass(frozen=True)
+class ResolutionSpec:
+    """A function run on one of SGLang's overridable argument-resolution steps."""
+
+    step: str
+    fn: Callable[..., Any]
+    step_target: str
+    """The upstream function that implements the step (guarded like a hook target)."""
+    fingerprint: str
+
+
+# Glue modules in registration order: each is named after the upstream module it hooks.
+GLUE_MODULES: tuple[str, ...] = (
+    "server_args",  # sglang.srt.server_args + the a2a resolution step
+    "two_batch_overlap",  # sglang.srt.batch_overlap.two_batch_overlap
+    "operations",  # sglang.srt.batch_overlap.operations
+    "operations_strategy",  # sglang.srt.batch_overlap.operations_strategy
+    "dp_attn",  # sglang.srt.managers.scheduler_components.dp_attn
+    "forward_batch_info",  # sglang.srt.model_executor.forward_batch_info
+    "deepep_dispatcher",  # sglang.srt.layers.moe.token_dispatcher.deepep
+    "ep_moe",  # sglang.srt.layers.moe.ep_moe.layer
+    "moe_utils",  # sglang.srt.layers.moe.utils
+    "single_batch_overlap",  # sglang.srt.batch_overlap.single_batch_overlap
+    "deep_gemm_wrapper",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
+)
+
+
+def _glue(name: str) -> Any:
+    return importlib.import_module(f"sglang_overlap.sglang.{name}")
+
+
+def all_specs() -> list[HookSpec]:
+    """Every hook the plugin installs, module by module."""
+    return [spec for name in GLUE_MODULES for spec in _glue(name).HOOKS]
+
+
+def resolution_specs() -> list[ResolutionSpec]:
+    return [spec for name in GLUE_MODULES
+            for spec in getattr(_glue(name), "RESOLUTION_HOOKS", ())]
+
+
+def all_pins() -> list[tuple[str, str]]:
+    """(upstream target, fingerprint) of everything the plugin hooks, for the guard."""
+    pins = [(s.target, s.fingerprint) for s in all_specs()]
+    return pins + [(r.step_target, r.fingerprint) for r in resolution_specs()]
 
 
 _installed: set[tuple[str, str]] = set()
@@ -43,10 +94,10 @@ def install(specs: Iterable[HookSpec]) -> list[HookSpec]:
     return new
 
 
-def install_resolution_hooks(steps: Iterable[tuple[str, Callable[..., Any]]]) -> None:
-    """Register `fn(server_args, previous)` on SGLang's overridable resolution steps, once."""
+def install_resolution_hooks(specs: Iterable[ResolutionSpec]) -> None:
+    """Register each `fn(server_args, previous)` on its SGLang resolution step, once."""
     from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
 
-    for step, fn in steps:
-        if fn not in _HOOKS.get(step, ()):
-            register_resolution_hook(step)(fn)
+    for spec in specs:
+        if spec.fn not in _HOOKS.get(spec.step, ()):
+            register_resolution_hook(spec.step)(spec.fn)

@@ -1,4 +1,4 @@
-"""GPU: the SBO glue's down-GEMM route (sglang/sbo.py) on the plugin's signal GEMM.
+"""GPU: the SBO glue's down-GEMM route (sglang/deep_gemm_wrapper.py) on the plugin's signal GEMM.
 
 What SGLang's `DeepGemmRunnerCore._run_masked_gemm` would hand `grouped_gemm_nt_f8f8bf16_masked`
 on Hopper once `compute_overlap_args` has run through the plugin: fp8 operands with fp32 block
@@ -33,7 +33,8 @@ def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m
     pytest.importorskip("triton")
     from sglang_overlap.kernels import fp8
     from sglang_overlap.planning.sbo_path import SboDecision, SboPath
-    from sglang_overlap.sglang import sbo
+    from sglang_overlap.sglang.deep_gemm_wrapper import masked_gemm
+    from sglang_overlap.sglang.single_batch_overlap import apply_plugin_signal
 
     n, k = 7168, 2048  # DeepSeek-V3 down projection
     gen = torch.Generator(device="cuda").manual_seed(e * 1000 + m_cap)
@@ -51,13 +52,13 @@ def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m
     combine = SimpleNamespace(overlap=True, num_sms=3, signal=None, threshold=0)
     down = SimpleNamespace(num_sms=sms - 3, signal=None, start_event=None)
     meta = {"compute_num_sms": sms - 3}
-    sbo.apply_plugin_signal(decision, combine, down, meta, (e, m_cap, n), expected_m, "cuda")
+    apply_plugin_signal(decision, combine, down, meta, (e, m_cap, n), expected_m, "cuda")
     out = torch.full((e, m_cap, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 
     def no_deep_gemm(*args: object, **kwargs: object) -> None:
         raise AssertionError("the plugin route must not call deep_gemm")
 
-    ret = sbo._masked_gemm(no_deep_gemm, (a, a_s), (b, b_s), out, masked, expected_m,
+    ret = masked_gemm(no_deep_gemm, (a, a_s), (b, b_s), out, masked, expected_m,
                            overlap_args=down)
     torch.cuda.synchronize()
     lay = down.sbo_layout

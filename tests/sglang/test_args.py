@@ -12,11 +12,8 @@ import pytest
 pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang.args import (  # noqa: E402
-    SETTINGS_ATTR,
-    parse_server_args,
-    settings_of,
-)
+from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
+from sglang_overlap.sglang.state import SETTINGS_ATTR, settings_of  # noqa: E402
 
 MODEL = ["--model-path", "/nonexistent/tiny-dsv3"]
 

@@ -24,7 +24,16 @@ pytest.importorskip("sglang")
 from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
 from sglang_overlap.settings import SettingsError  # noqa: E402
-from sglang_overlap.sglang import sbo  # noqa: E402
+from sglang_overlap.sglang import (  # noqa: E402
+    deep_gemm_wrapper,
+    deepep_dispatcher,
+    moe_utils,
+    sbo_decision,
+    single_batch_overlap,
+)
+
+apply_plugin_signal = single_batch_overlap.apply_plugin_signal
+masked_gemm = deep_gemm_wrapper.masked_gemm
 
 TINY = Path("/tmp/tiny-dsv3")
 # ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
@@ -48,7 +57,7 @@ def tiny_model() -> Path:
 def contexts(tiny_model: Path) -> dict[str, Any]:
     from sglang.srt.runtime_context import create_context
 
-    from sglang_overlap.sglang.args import parse_server_args
+    from sglang_overlap.sglang.server_args import parse_server_args
 
     out = {}
     variants = {"auto": BASE, "force": [*BASE, "--sbo-down-gemm-overlap", "force"],
@@ -70,10 +79,10 @@ def sm90(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Any:
-    saved = dict(sbo._state)
-    sbo._state.update(decision=None, report=None, logged=set())
+    saved = dict(sbo_decision._state)
+    sbo_decision._state.update(decision=None, report=None, logged=set())
     yield
-    sbo._state.update(saved)
+    sbo_decision._state.update(saved)
 
 
 def _upstream_init() -> Any:
@@ -112,16 +121,16 @@ def test_hook_lifts_refusal_and_picks_per_expert(contexts: dict[str, Any], sm90:
     if not report.triton:
         pytest.skip("triton not installed: per-expert needs the plugin's signal GEMM")
     caplog.set_level(logging.INFO, logger="sglang_overlap")
-    with use_context(contexts["auto"]), sbo.probe_override(report):
-        sbo._initialize_moe_config(_upstream_init())
+    with use_context(contexts["auto"]), sbo_decision.probe_override(report):
+        moe_utils.initialize_moe_config(_upstream_init())
         assert get_flags().moe.sbo_enabled is True
-        decision = sbo.active_decision()
+        decision = sbo_decision.active_decision()
         assert decision is not None and decision.path is SboPath.PER_EXPERT, decision
         flag = inspect.unwrap(SboFlags.__dict__[
             "enable_combine_down_gemm_two_stream_overlap"].__func__)
-        assert sbo._down_gemm_flag(flag, SboFlags) is True
+        assert single_batch_overlap.down_gemm_flag(flag, SboFlags) is True
         assert SboFlags.enable_dispatch_shared_one_stream_overlap()
-        sbo._initialize_moe_config(_upstream_init())  # a second call logs nothing new
+        moe_utils.initialize_moe_config(_upstream_init())  # a second call logs nothing new
     lines = [r.getMessage() for r in caplog.records if "SBO on sm90" in r.getMessage()]
     assert len(lines) == 1 and "per_expert" in lines[0] and "0.1.2.post1" in lines[0], lines
 
@@ -132,17 +141,17 @@ def test_torch_a2a_sbo_starts_on_sm90_without_any_kernel(contexts: dict[str, Any
     # at all, SBO must start on Hopper (upstream would refuse), and no kernel path is chosen.
     from sglang.srt.runtime_context import get_flags, use_context
 
-    from sglang_overlap.sglang import runtime
+    from sglang_overlap.sglang import state as runtime
 
     nothing = probe(assume_arch="sm90", search_path=[str(tmp_path)])
     assert nothing.deep_ep.version is None and not nothing.triton
-    with use_context(contexts["torch_a2a"]), sbo.probe_override(nothing):
+    with use_context(contexts["torch_a2a"]), sbo_decision.probe_override(nothing):
         runtime.configure(None)
         try:
-            sbo._initialize_moe_config(_upstream_init())
+            moe_utils.initialize_moe_config(_upstream_init())
             assert get_flags().moe.sbo_enabled is True
-            assert sbo.active_decision() is None
-            assert runtime.settings().moe_a2a_backend == "torch_a2a"
+            assert sbo_decision.active_decision() is None
+            assert runtime.settings().requested_a2a_backend == "torch_a2a"
         finally:
             runtime.configure(None)
 
@@ -153,15 +162,15 @@ def test_without_signal_gemm_degrades_to_shared_expert_only(
     from sglang.srt.runtime_context import get_flags, use_context
 
     report = probe(search_path=[str(_fake_kernels(tmp_path))], assume_arch="sm90")
-    with use_context(contexts["auto"]), sbo.probe_override(report):
-        sbo._initialize_moe_config(_upstream_init())
+    with use_context(contexts["auto"]), sbo_decision.probe_override(report):
+        moe_utils.initialize_moe_config(_upstream_init())
         assert get_flags().moe.sbo_enabled is True
-        decision = sbo.active_decision()
+        decision = sbo_decision.active_decision()
         assert decision is not None and decision.path is SboPath.SHARED_EXPERT_ONLY
         assert "triton" in decision.reason
         flag = inspect.unwrap(SboFlags.__dict__[
             "enable_combine_down_gemm_two_stream_overlap"].__func__)
-        assert sbo._down_gemm_flag(flag, SboFlags) is False
+        assert single_batch_overlap.down_gemm_flag(flag, SboFlags) is False
 
 
 def test_forced_path_without_kernels_is_refused(contexts: dict[str, Any], sm90: None,
@@ -169,16 +178,16 @@ def test_forced_path_without_kernels_is_refused(contexts: dict[str, Any], sm90: 
     from sglang.srt.runtime_context import use_context
 
     report = probe(search_path=[str(_fake_kernels(tmp_path))], assume_arch="sm90")
-    with use_context(contexts["force"]), sbo.probe_override(report), \
+    with use_context(contexts["force"]), sbo_decision.probe_override(report), \
             pytest.raises(SettingsError) as err:
-        sbo._initialize_moe_config(_upstream_init())
+        moe_utils.initialize_moe_config(_upstream_init())
     msg = str(err.value)
     for needle in ("--sbo-down-gemm-overlap force", "sgl-deep-ep 0.1.2.post1", "pip install"):
         assert needle in msg, msg
     empty = probe(search_path=[str(tmp_path / "nothing")], assume_arch="sm90")
-    with use_context(contexts["auto"]), sbo.probe_override(empty), \
+    with use_context(contexts["auto"]), sbo_decision.probe_override(empty), \
             pytest.raises(SettingsError, match="sgl-deep-ep is not installed"):
-        sbo._initialize_moe_config(_upstream_init())
+        moe_utils.initialize_moe_config(_upstream_init())
 
 
 # --- the combine call, each probed form, against the installed signature --------------------
@@ -225,7 +234,7 @@ def _call(impl: Any, hooked: bool) -> Any:
     orig = inspect.unwrap(_DeepEPDispatcherImplLowLatency._combine_core)
     x, ids, w = torch.zeros(4, 2, 8), torch.zeros(2, 2, dtype=torch.int64), torch.zeros(2, 2)
     if hooked:
-        return sbo._combine_core(orig, impl, x, ids, w)
+        return deepep_dispatcher.combine_core(orig, impl, x, ids, w)
     return orig(impl, x, ids, w)
 
 
@@ -239,7 +248,7 @@ def test_upstream_hopper_combine_raises_typeerror_the_hook_does_not() -> None:
         (SboPath.PER_EXPERT, "per_expert", {"overlap", "src_signals", "src_signal_expect_value"}),
         (SboPath.SHARED_EXPERT_ONLY, None, set()),
     ]:
-        sbo._state["decision"] = SboDecision(path, "test", combine_form=form)  # type: ignore
+        sbo_decision._state["decision"] = SboDecision(path, "test", combine_form=form)  # type: ignore
         impl, buf = _impl(overlap=form is not None)
         assert _call(impl, hooked=True)[0] == "combined"
         overlap_keys = set(buf.kwargs) - {"x", "topk_idx", "topk_weights", "handle",
@@ -265,7 +274,7 @@ def test_plugin_signal_layout_is_static_across_calls() -> None:
                                          signal=torch.zeros(1), threshold=129)
             down = DownGemmOverlapArgs(num_sms=129, signal=torch.zeros(1), start_event=None)
             meta: dict[str, Any] = {"compute_num_sms": 129}
-            sbo.apply_plugin_signal(decision, combine, down, meta, (8, 256, 7168), 32, "cpu")
+            apply_plugin_signal(decision, combine, down, meta, (8, 256, 7168), 32, "cpu")
             lay = down.sbo_layout
             assert combine.signal is down.signal and combine.signal.dtype == dtype
             assert combine.signal.shape == lay.signal_shape and not combine.signal.view(
@@ -285,7 +294,8 @@ def test_hooks_resolve_in_sglang(tiny_model: Path) -> None:
         "import inspect, logging, sys\n"
         "from sglang.srt.plugins.hook_registry import HookRegistry\n"
         "from sglang_overlap.sglang.hooks import install\n"
-        "from sglang_overlap.sglang.sbo import SBO_HOOKS\n"
+        "from sglang_overlap.sglang.hooks import all_specs\n"
+        "SBO_HOOKS = all_specs()\n"
         "install(SBO_HOOKS); HookRegistry.apply_hooks()\n"
         "import pkgutil\n"
         "for s in SBO_HOOKS:\n"
@@ -298,7 +308,9 @@ def test_hooks_resolve_in_sglang(tiny_model: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "ok 5" in done.stdout, done.stderr[-3000:]
+    from sglang_overlap.sglang.hooks import all_specs
+
+    assert done.returncode == 0 and f"ok {len(all_specs())}" in done.stdout, done.stderr[-3000:]
 
 
 def test_masked_gemm_without_plugin_layout_is_upstreams_call() -> None:
@@ -308,9 +320,9 @@ def test_masked_gemm_without_plugin_layout_is_upstreams_call() -> None:
         calls.append((a, k))
         return "deep_gemm"
 
-    assert sbo._masked_gemm(orig, "lhs", "rhs", "out", "m", 5) == "deep_gemm"
+    assert masked_gemm(orig, "lhs", "rhs", "out", "m", 5) == "deep_gemm"
     upstream_args = object()  # DeepGEMM-native signals (fine_grained via deep_gemm): untouched
-    assert sbo._masked_gemm(orig, "lhs", "rhs", "out", "m", 5, overlap_args=upstream_args,
+    assert masked_gemm(orig, "lhs", "rhs", "out", "m", 5, overlap_args=upstream_args,
                             max_block_n=160) == "deep_gemm"
     assert calls[1][1]["overlap_args"] is upstream_args and calls[1][1]["max_block_n"] == 160
 
@@ -326,7 +338,7 @@ def _plugin_down_args(expected_m: int) -> Any:
     combine = CombineOverlapArgs(overlap=True, stream=None, wait_event=None, num_sms=3,
                                  signal=torch.zeros(1), threshold=1)
     down = DownGemmOverlapArgs(num_sms=129, signal=torch.zeros(1), start_event=None)
-    sbo.apply_plugin_signal(decision, combine, down, {"compute_num_sms": 129}, (8, 256, 7168),
+    apply_plugin_signal(decision, combine, down, {"compute_num_sms": 129}, (8, 256, 7168),
                             expected_m, "cpu")
     return down
 
@@ -345,7 +357,7 @@ def test_served_masked_gemm_is_the_down_gemm_entry(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(down_gemm, "signal_down_gemm", entry)
     down = _plugin_down_args(expected_m=128)
-    got = sbo._masked_gemm(lambda *a, **k: "deep_gemm", ("a", "as"), ("b", "bs"), "out", "m",
+    got = masked_gemm(lambda *a, **k: "deep_gemm", ("a", "as"), ("b", "bs"), "out", "m",
                            128, overlap_args=down)
     assert got is None  # per expert: the combine takes no block_m / threshold
     assert seen == [{"signal": down.signal, "layout": down.sbo_layout, "compute_num_sms": 129,
@@ -357,5 +369,5 @@ def test_served_masked_gemm_reaches_the_real_entry() -> None:
     down = _plugin_down_args(expected_m=32)
     x = torch.zeros(8, 256, 2048, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="fp32 block scales"):
-        sbo._masked_gemm(lambda *a, **k: "deep_gemm", (x, x), (x, x), x, torch.zeros(8), 32,
+        masked_gemm(lambda *a, **k: "deep_gemm", (x, x), (x, x), x, torch.zeros(8), 32,
                          overlap_args=down)

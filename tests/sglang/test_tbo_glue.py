@@ -12,7 +12,7 @@ tbo = pytest.importorskip("sglang.srt.batch_overlap.two_batch_overlap",
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
-from sglang_overlap.sglang import tbo as glue  # noqa: E402
+from sglang_overlap.sglang import two_batch_overlap as glue  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,18 +30,16 @@ def threshold():
     moe.tbo_token_distribution_threshold = saved
 
 
-def _ours(name: str):
+@pytest.mark.parametrize(("name", "ours"), [
+    ("compute_split_seq_index", glue.compute_split_seq_index),
+    ("compute_split_token_index", glue.compute_split_token_index),
+    ("_is_two_chunk_split_enabled", glue.is_two_chunk_split_enabled),
+])
+def test_sglang_split_functions_are_the_plugins(name: str, ours) -> None:
     fn = getattr(tbo, name)
-    assert hasattr(fn, "__wrapped__"), f"{name} is not hooked"
-    return fn
-
-
-@pytest.mark.parametrize("name", ["compute_split_seq_index", "compute_split_token_index",
-                                  "_is_two_chunk_split_enabled"])
-def test_sglang_split_functions_are_the_plugins(name: str) -> None:
-    fn = _ours(name)
-    assert inspect.unwrap(fn).__module__ == tbo.__name__
-    assert fn.__wrapped__ is not fn
+    assert inspect.unwrap(fn).__module__ == tbo.__name__ and inspect.unwrap(fn) is not fn
+    hooks = [c.cell_contents for c in fn.__closure__ or ()]
+    assert ours in hooks, f"{name} runs {hooks}, not the plugin's {ours.__qualname__}"
 
 
 @pytest.mark.parametrize(

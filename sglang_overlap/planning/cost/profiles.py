@@ -33,6 +33,9 @@ AttnKind = Literal["mla", "gqa"]
 Phase = Literal["decode", "prefill"]
 
 GPU_NAMES = ("H20", "H800", "H100", "H200", "B200")
+"""GPUs with a datasheet profile (and the names `gpu_name_from_device` maps devices to)."""
+HARDWARE_PROFILES = (*GPU_NAMES, "H200-measured")
+"""Every shipped hardware profile: `--overlap-hardware-profile` accepts these, auto or a .json."""
 MODEL_NAMES = ("deepseek-v3", "qwen3-235b-a22b")
 MODEL_ALIASES = {
     "deepseek-r1": "deepseek-v3", "dsv3": "deepseek-v3", "qwen3-235b": "qwen3-235b-a22b",
@@ -202,7 +205,7 @@ def _resolve(kind: str, spec: str, names: tuple[str, ...], prefix: str,
 
 def load_hardware(spec: str) -> HardwareProfile:
     """A GPU profile by name (H20, H800, H100, H200, B200, H200-measured) or JSON path."""
-    data, origin = _resolve("hardware", spec, GPU_NAMES, "gpu-", {})
+    data, origin = _resolve("hardware", spec, HARDWARE_PROFILES, "gpu-", {})
     return _from_mapping(HardwareProfile, data, origin)
 
 
@@ -243,6 +246,7 @@ def profile_to_dict(profile: HardwareProfile | ModelProfile) -> dict[str, Any]:
 
 __all__ = [
     "GPU_NAMES",
+    "HARDWARE_PROFILES",
     "MODEL_NAMES",
     "Deployment",
     "HardwareProfile",

@@ -1,6 +1,12 @@
-"""The torch_a2a dispatcher impl and expert runner (imported only when torch_a2a is in use).
+"""`--moe-a2a-backend torch_a2a`: SGLang's DeepEP dispatcher impls, on torch.distributed.
 
-See `a2a_backend.py` for how SGLang is routed here.
+For machines without DeepEP (a CPU box, a GPU without NVSHMEM): the MoE layers dispatch and
+combine with the kernels' `AllToAllDispatcher` over the tensor-parallel group (gloo on CPU, NCCL
+on GPU), and the routed experts run per local expert on their valid rows (`kernels.experts`).
+Everything else is SGLang's DeepEP machinery, unchanged: tokens scattered over the attention-TP
+ranks before the MoE and gathered after, the MLP sync that decides TBO, the TBO child batches and
+stage operations, the SBO dispatch hook. The hooks routing SGLang here: `server_args.py`
+(resolution to deepep), `deepep_dispatcher.py` (the impls), `ep_moe.py` (the experts).
 
 Legend: T tokens of this rank, K top-k, H hidden, E_local local experts, C LL capacity.
 """
@@ -8,24 +14,20 @@ Legend: T tokens of this rank, K top-k, H hidden, E_local local experts, C LL ca
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from sglang_overlap.kernels.a2a import AllToAllDispatcher
 from sglang_overlap.kernels.contracts import (
     LowLatencyDispatchOutput,
-    NormalDispatchOutput,
     SignalContract,
 )
+from sglang_overlap.kernels.deepep import ENV_MAX_DISPATCH
+from sglang_overlap.kernels.down_gemm import signal_layout
+from sglang_overlap.kernels.experts import TorchExperts
 from sglang_overlap.kernels.streams import StreamPair
-from sglang_overlap.planning.sbo_layout import plan_sbo_layout
-from sglang_overlap.sglang import runtime
-
-# DeepEP sizes its low-latency buffer by this; the all-to-all dispatcher uses it as capacity.
-MAX_DISPATCH_TOKENS_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+from sglang_overlap.sglang import state
 
 
 class TorchA2AImpl:
@@ -36,7 +38,7 @@ class TorchA2AImpl:
         cuda = torch.cuda.is_available()
         self.layout = "low_latency" if low_latency else "normal"
         self.engine = AllToAllDispatcher(
-            num_experts, int(os.environ.get(MAX_DISPATCH_TOKENS_ENV, "128")), group=group,
+            num_experts, int(os.environ.get(ENV_MAX_DISPATCH, "128")), group=group,
             streams=StreamPair("cuda" if cuda else "cpu"))
         if self.engine.num_local_experts != num_local_experts:
             raise ValueError(f"torch_a2a: {num_experts} experts over {self.engine.world_size} "
@@ -115,72 +117,22 @@ def find_impl(moe: Any, dispatch_output: Any) -> TorchA2AImpl | None:
     return None
 
 
-class ValidRowsExperts:
-    """The local experts of one SGLang layer, computed on valid rows only.
-
-    w13 [E_local, 2I, H] (gate rows first, SGLang's layout) and w2 [E_local, H, I]. Unlike the
-    engine's batch-independent reference runner this uses the library matmuls (SGLang's other
-    layers do too) and skips the empty capacity rows of the low-latency layout: it reads the
-    per-expert counts on the host, free on CPU, one sync on GPU (where DeepEP is the fast path).
-    """
-
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
-        self.w13, self.w2 = w13, w2
-
-    def _mlp(self, x: torch.Tensor, e: int) -> torch.Tensor:  # [M, H] -> [M, H]
-        gate, up = F.linear(x, self.w13[e]).chunk(2, dim=-1)  # [M, I] each
-        return F.linear(F.silu(gate) * up, self.w2[e])
-
-    def run_low_latency(self, d: LowLatencyDispatchOutput, *,
-                        signal: SignalContract | None = None) -> torch.Tensor:
-        counts = d.masked_m.tolist()  # the host sync (see the class docstring)
-        out = torch.zeros_like(d.hidden)  # [E_local, C, H]; rows past masked_m stay 0
-        units = self._produce(d.hidden, out, counts, signal)
-        if signal is None:
-            for _ in units:
-                pass
-        else:
-            signal.attach_producer(units)
-        return out
-
-    def _produce(self, hidden: torch.Tensor, out: torch.Tensor, counts: list[int],
-                 signal: SignalContract | None) -> Iterator[None]:
-        """One expert at a time; with SBO, marks that expert's units once its rows are final."""
-        for e, m in enumerate(counts):
-            if m:
-                out[e, :m] = self._mlp(hidden[e, :m], e)
-            if signal is not None:
-                for unit in signal.units_of_expert(e):
-                    signal.mark(unit)
-            yield
-
-    def run_normal(self, d: NormalDispatchOutput) -> torch.Tensor:
-        out = torch.zeros_like(d.hidden)  # [R, H]: rows grouped by expert, padding rows last
-        start = 0
-        for e, m in enumerate(d.num_tokens_per_expert.tolist()):
-            if m:
-                out[start : start + m] = self._mlp(d.hidden[start : start + m], e)
-            start += m
-        return out
-
-
-def experts_of(moe: Any) -> ValidRowsExperts:
+def experts_of(moe: Any) -> TorchExperts:
     runner = getattr(moe, "_sglang_overlap_experts", None)
     if runner is None:
-        runner = ValidRowsExperts(moe.w13_weight, moe.w2_weight)
+        runner = TorchExperts(moe.w13_weight, moe.w2_weight)
         moe._sglang_overlap_experts = runner
     return runner
 
 
 def sbo_signal(d: LowLatencyDispatchOutput) -> SignalContract | None:
-    if not runtime.sbo_active():
+    if not state.sbo_active():
         return None
     e_local, capacity, hidden = d.hidden.shape
-    s = runtime.settings()
-    layout = plan_sbo_layout(
-        num_local_experts=e_local, capacity=capacity, block_m=64, block_n=128, hidden=hidden,
-        num_sms=runtime.num_sms(), comm_num_sms=runtime.combine_num_sms(),
-        granularity="expert" if s.sbo_signal_granularity == "expert" else "block")
+    layout = signal_layout(
+        num_local_experts=e_local, capacity=capacity, hidden=hidden, expected_m=d.expected_m,
+        num_sms=state.num_sms(), comm_num_sms=state.combine_num_sms(),
+        granularity="expert" if state.settings().sbo_signal_granularity == "expert" else "block")
     return SignalContract(layout, d.hidden.device)
 
 

@@ -1,4 +1,5 @@
-"""TBO and two-chunk decisions inside SGLang, taken by `sglang_overlap.planning`.
+"""Hooks on `sglang.srt.batch_overlap.two_batch_overlap`: TBO and two-chunk decisions, taken by
+`sglang_overlap.planning`.
 
 SGLang 0.5.23 decides where a batch is split in three free functions of
 `sglang.srt.batch_overlap.two_batch_overlap`; the plugin replaces each with one that reads the
@@ -116,13 +117,13 @@ def _count_tbo_step(result: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any
     stats.count("two_chunk" if two_chunk else "tbo")
 
 
-SPLIT_HOOKS: tuple[HookSpec, ...] = (
+HOOKS: tuple[HookSpec, ...] = (
     HookSpec(SPLIT_SEQ_INDEX, compute_split_seq_index, "replace",
-             "the TBO split index comes from planning.plan_two_batch"),
+             "the TBO split index comes from planning.plan_two_batch", "src:f1b0520b2dd3"),
     HookSpec(SPLIT_TOKEN_INDEX, compute_split_token_index, "replace",
-             "the TBO token index comes from the same plan"),
+             "the TBO token index comes from the same plan", "src:a1e80ab0e6ae"),
     HookSpec(TWO_CHUNK_ENABLED, is_two_chunk_split_enabled, "replace",
-             "the two-chunk decision comes from the same plan"),
+             "the two-chunk decision comes from the same plan", "src:00a500d6fc9f"),
     HookSpec(PREPARE_RAW, _count_tbo_step, "after",
-             "count TBO / two-chunk steps (evidence in the server log)"),
+             "count TBO / two-chunk steps (evidence in the server log)", "src:761b0d0fb797"),
 )

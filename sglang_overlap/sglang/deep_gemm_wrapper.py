@@ -1,0 +1,37 @@
+"""Hook on `sglang.srt.layers.deep_gemm_wrapper.entrypoint`: the SBO down GEMM is the plugin's
+`kernels.down_gemm.signal_down_gemm` (fused or sliced, measured per shape), because no released
+deep_gemm accepts the `enable_overlap` / `signal` kwargs SGLang's Hopper path passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_overlap.planning.sbo_layout import SboLayout
+from sglang_overlap.sglang.hooks import HookSpec
+
+MASKED_GEMM = "sglang.srt.layers.deep_gemm_wrapper.entrypoint.grouped_gemm_nt_f8f8bf16_masked"
+
+
+def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected_m: int,
+                overlap_args: Any = None, max_block_n: int = 256, recipe_a: Any = None,
+                recipe_b: Any = None) -> Any:
+    layout: SboLayout | None = getattr(overlap_args, "sbo_layout", None)
+    if overlap_args is None or layout is None:
+        return orig(lhs, rhs, out, masked_m, expected_m, overlap_args=overlap_args,
+                    max_block_n=max_block_n, recipe_a=recipe_a, recipe_b=recipe_b)
+    from sglang_overlap.kernels import down_gemm
+
+    (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
+    down_gemm.signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, expected_m,
+                               signal=overlap_args.signal, layout=layout,
+                               compute_num_sms=overlap_args.num_sms)
+    if layout.granularity == "block":
+        return layout.block_m, layout.expect_value
+    return None  # per expert: the combine needs no block_m / threshold
+
+
+HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(MASKED_GEMM, masked_gemm, "around",
+             "the SBO down GEMM is kernels.down_gemm (deep_gemm wheels lack the signal kwargs)",
+             "src:9c69ce307233"),
+)

@@ -1,0 +1,186 @@
+"""The guard against SGLang version drift: is the installed sglang what the hooks were written for?
+
+Every hook names an upstream function (`HookSpec.target`) and the fingerprint of that function in
+the supported SGLang (`HookSpec.fingerprint`): a hash of its syntax tree, so formatting and
+comments do not count, any change of code does. `check` reads a target from its live function
+where its module is already imported (what will actually be hooked), else from the installed
+sglang's file with `ast` (nothing is imported, so it is cheap enough for `register()` in every
+process), and reports the first thing that does not match: the version, a target that is gone, or
+a target whose code changed. `register()` installs no serving hook unless the check passes; see
+`server_args.py` for what happens to overlap flags then.
+
+Upgrading SGLang: run `python -m sglang_overlap.sglang.guard`, read the upstream diff of every
+target it lists as changed, adapt the hook, then paste the new fingerprint.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import inspect
+import sys
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_SGLANG = ("0.5.23",)
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    installed: str | None
+    """The installed sglang version (None: not installed)."""
+    mismatch: str | None
+    """The first problem found, in words (None: everything matches)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatch is None
+
+    def message(self) -> str:
+        return (f"sglang-overlap supports sglang {', '.join(SUPPORTED_SGLANG)}; installed: "
+                f"sglang {self.installed}: {self.mismatch}")
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _sglang_dir() -> Path | None:
+    from sglang_overlap.kernels.capabilities import package_dir
+
+    return package_dir("sglang")
+
+
+def _module_file(root: Path, dotted: str) -> Path | None:
+    base = root.joinpath(*dotted.split(".")[1:])
+    for cand in (base / "__init__.py", base.with_suffix(".py")):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _node_in(body: list[ast.stmt], names: list[str]) -> ast.AST | None:
+    head, rest = names[0], names[1:]
+    found: ast.AST | None = None
+    for st in body:  # the last definition wins, as when the module runs
+        if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef) and st.name == head:
+            found = st if not rest else None
+        elif isinstance(st, ast.ClassDef) and st.name == head:
+            found = _node_in(st.body, rest) if rest else st
+    return found
+
+
+class _Sources:
+    """Parsed upstream files, each read once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._trees: dict[Path, tuple[str, ast.Module]] = {}
+
+    def split(self, target: str) -> tuple[str, list[str], Path] | None:
+        """(module, attribute path, module file) of `module.func` / `module.Class.method`."""
+        parts = target.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:cut])
+            path = _module_file(self.root, module)
+            if path is not None:
+                return module, parts[cut:], path
+        return None
+
+    def node(self, path: Path, attrs: list[str]) -> ast.AST | None:
+        """The definition of `attrs` in the file at `path`."""
+        if path not in self._trees:
+            text = path.read_text(encoding="utf-8")
+            self._trees[path] = (text, ast.parse(text, filename=str(path)))
+        return _node_in(self._trees[path][1].body, attrs)
+
+
+def _digest(node: ast.AST) -> str:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        node.decorator_list = []  # a decorator is not the function's code
+    return "src:" + hashlib.sha256(ast.dump(node).encode()).hexdigest()[:12]
+
+
+def _live(module: object, attrs: list[str]) -> object:
+    """The function at `attrs` of an imported module, unwrapped from any hook (None: gone)."""
+    obj: object = module
+    for name in attrs:
+        obj = inspect.getattr_static(obj, name, None)
+        if obj is None:
+            return None
+    return inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
+
+
+def fingerprint(sources: _Sources, target: str) -> str | None:
+    """`src:<sha>` of the target's syntax tree, None when the target is gone."""
+    where = sources.split(target)
+    if where is None:
+        return None
+    module, attrs, path = where
+    if module in sys.modules:  # what will be hooked: the live function
+        live = _live(sys.modules[module], attrs)
+        if live is None:
+            return None
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(live)))  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            return "src:unreadable"  # no source: not the function the hook was written for
+        return _digest(tree.body[0])
+    node = sources.node(path, attrs)
+    return None if node is None else _digest(node)
+
+
+def check(pins: Iterable[tuple[str, str]], version: str | None = None) -> GuardResult:
+    """Check the installed sglang against `pins` ((target, fingerprint) pairs): the version first,
+    then each target in order. `version` overrides the installed one (tests)."""
+    version = version if version is not None else installed_version()
+    if version is None:
+        return GuardResult(None, "sglang is not installed")
+    if version not in SUPPORTED_SGLANG:
+        return GuardResult(version, "this version is not supported")
+    root = _sglang_dir()
+    if root is None:
+        return GuardResult(version, "the sglang package directory is not found")
+    sources = _Sources(root)
+    for target, want in pins:
+        got = fingerprint(sources, target)
+        if got is None:
+            return GuardResult(version, f"hook target {target} does not exist")
+        if got != want:
+            return GuardResult(version, f"hook target {target} changed (source fingerprint "
+                                        f"{got}, the hook was written for {want})")
+    return GuardResult(version, None)
+
+
+def current_fingerprints(targets: Iterable[str]) -> dict[str, str | None]:
+    """The installed sglang's fingerprint of each target (None: gone)."""
+    root = _sglang_dir()
+    if root is None:
+        raise RuntimeError("sglang is not installed")
+    sources = _Sources(root)
+    return {t: fingerprint(sources, t) for t in targets}
+
+
+def main() -> int:
+    from sglang_overlap.sglang.hooks import all_pins
+
+    pins = all_pins()
+    now = current_fingerprints(t for t, _ in pins)
+    changed = 0
+    for target, want in pins:
+        got = now[target]
+        mark = "ok     " if got == want else "CHANGED"
+        changed += got != want
+        print(f"{mark} {target}  pinned {want}  installed {got}")
+    print(f"sglang {installed_version()}: {changed} of {len(pins)} targets differ")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The SBO path this process serves, decided once from what the installed kernels accept.
+
+SGLang 0.5.23 refuses --enable-single-batch-overlap on SM90, because its Hopper path calls a
+DeepGEMM masked GEMM with `enable_overlap`/`signal` and a DeepEP combine with the per-block
+arguments, neither of which any released wheel accepts. The plugin keeps upstream's SBO schedule
+(`DeepseekV2MoE.forward_deepep`: shared expert between dispatch send and receive; down GEMM
+beside the combine send) and routes its kernel calls to what is installed, as chosen here by
+`planning.sbo_path.decide_sbo_path` from `kernels.capabilities`. The hooks that act on the
+decision are in `moe_utils.py`, `single_batch_overlap.py`, `deep_gemm_wrapper.py` and
+`deepep_dispatcher.py`.
+
+CUDA graphs: the decision is fixed per process before the model is built; the signal layout is a
+pure function of static shapes; no Python state changes between capture and replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from sglang_overlap.kernels.capabilities import ProbeReport, probe
+from sglang_overlap.planning.sbo_path import SboDecision, SboRequest, decide_sbo_path
+from sglang_overlap.settings import OverlapSettings
+
+logger = logging.getLogger("sglang_overlap")
+
+_state: dict[str, Any] = {"decision": None, "report": None, "logged": set()}
+
+
+def active_decision() -> SboDecision | None:
+    """The SBO path this process runs with the plugin's routing (None: upstream unchanged)."""
+    decision: SboDecision | None = _state["decision"]
+    return decision
+
+
+def set_active_decision(decision: SboDecision | None) -> None:
+    _state["decision"] = decision
+
+
+@contextlib.contextmanager
+def probe_override(report: ProbeReport) -> Iterator[None]:
+    """Use `report` instead of probing this machine (tests; `check --assume-arch`)."""
+    saved = _state["report"]
+    _state["report"] = report
+    try:
+        yield
+    finally:
+        _state["report"] = saved
+
+
+def _name(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: str,
+               report: ProbeReport | None = None) -> tuple[SboDecision, ProbeReport]:
+    """The SBO decision for these flags on this machine (shared with `sglang-overlap check`)."""
+    import torch
+
+    from sglang_overlap.kernels.deepep import check_combine_call, combine_overlap_kwargs
+
+    report = report or _state["report"] or probe()
+    req = SboRequest(enabled=settings.enable_single_batch_overlap,
+                     down_gemm_overlap=settings.sbo_down_gemm_overlap,
+                     granularity=settings.sbo_signal_granularity,
+                     a2a_backend=_name(a2a_backend), runner_backend=_name(runner_backend))
+    decision = decide_sbo_path(report.capabilities, req)
+    if decision.down_gemm_overlap and report.deep_ep.params is not None:
+        probe_kwargs = combine_overlap_kwargs(
+            decision.combine_form, signal=torch.zeros(1), expect_value=1,
+            packed_recv_count=torch.zeros(1), block_m=64, threshold=1, num_sms=1)
+        check_combine_call(report.deep_ep.params, probe_kwargs)  # at start-up, never mid-serving
+    return decision, report
+
+
+def log_once(decision: SboDecision, report: ProbeReport) -> None:
+    line = (f"sglang-overlap SBO on {report.gpu.arch} ({report.gpu.source}): {decision.summary()}"
+            f" [deep_ep {report.deep_ep.version}, deep_gemm {report.deep_gemm.version}]")
+    if line not in _state["logged"]:
+        _state["logged"].add(line)
+        logger.info(line)

@@ -1,0 +1,141 @@
+"""Hooks on `sglang.srt.server_args`: the plugin's flags on SGLang's parser, carried to every
+process, and the resolution step that lets `--moe-a2a-backend torch_a2a` take DeepEP's paths.
+
+SGLang 0.5.23's ServerArgs is a msgspec Struct: a plugin cannot add fields. So:
+  * `ServerArgs.add_cli_args` (AFTER) adds the plugin's flags to SGLang's parser;
+  * `ServerArgs.from_cli_args` (AFTER) builds an `OverlapSettings` from the parsed namespace,
+    validates it against the server, and stores it as the bookkeeping attribute
+    `state.SETTINGS_ATTR` (private names are allowed on the record and pickled with it, so
+    spawned scheduler processes receive it); `state.settings()` reads it back in any process;
+  * resolution step `handle_a2a_moe`: torch_a2a resolves to deepep (so every `is_deepep()` branch
+    applies, and ep_size = tp_size); the user's choice stays on the plugin's settings.
+
+When the version guard failed (`guard.py`), only the two argument hooks are installed: a server
+started with no overlap flag runs as plain SGLang, and one asking for overlap is refused here,
+at argument parsing, with the guard's message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from sglang_overlap.settings import (
+    OverlapSettings,
+    ServerFacts,
+    SettingsError,
+    add_arguments,
+)
+from sglang_overlap.settings import (
+    validate_settings as _validate,
+)
+from sglang_overlap.sglang import state
+from sglang_overlap.sglang.hooks import HookSpec, ResolutionSpec
+
+logger = logging.getLogger("sglang_overlap")
+
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+A2A_RESOLUTION_STEP = "handle_a2a_moe"
+A2A_RESOLUTION_TARGET = "sglang.srt.arg_groups.moe_hook.handle_a2a_moe"
+
+TORCH_A2A = "torch_a2a"
+"""The a2a backend the plugin adds to --moe-a2a-backend (`deepep_dispatcher.py`)."""
+
+_inert: dict[str, str] = {}  # "reason": the guard's message when the plugin runs inert
+
+
+def set_inert(reason: str | None) -> None:
+    """Called by `register()`: with a reason, overlap flags are refused with it."""
+    _inert.clear()
+    if reason is not None:
+        _inert["reason"] = reason
+
+
+def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+    action = parser._option_string_actions.get("--moe-a2a-backend")  # noqa: SLF001
+    if action is not None and action.choices is not None and TORCH_A2A not in action.choices:
+        action.choices = [*action.choices, TORCH_A2A]
+
+
+def server_facts(values: Any) -> ServerFacts:
+    """What validation needs, from a ServerArgs or an argparse namespace."""
+    attn_dp = getattr(values, "attn_dp_size", 1) or 1
+    if getattr(values, "enable_dp_attention", False):  # the deprecated spelling
+        attn_dp = max(attn_dp, getattr(values, "dp_size", 1) or 1)
+    return ServerFacts(
+        moe_a2a_backend=str(getattr(values, "moe_a2a_backend", "none") or "none"),
+        tp_size=int(getattr(values, "tp_size", 1) or 1),
+        attn_dp_size=int(attn_dp),
+    )
+
+
+def refuse_if_inert(settings: OverlapSettings) -> None:
+    """With the guard failed, any overlap flag (or torch_a2a) stops the server."""
+    asked = settings.any_overlap or settings.requested_a2a_backend == TORCH_A2A
+    if "reason" in _inert and (asked or settings != OverlapSettings()):
+        raise SettingsError(f"{_inert['reason']}; the overlap flags cannot be served (start "
+                            "without them, or install a supported sglang)")
+
+
+def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
+    settings = OverlapSettings.from_mapping(vars(args))
+    refuse_if_inert(settings)
+    for warning in _validate(settings, server_facts(args)):
+        logger.warning("sglang-overlap: %s", warning)
+    _refuse_unavailable_sbo_path(settings, args)
+    setattr(result, state.SETTINGS_ATTR, settings)
+
+
+def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: argparse.Namespace) -> None:
+    """On a GPU the SBO table speaks for, refuse a forced path the installed kernels lack now,
+    in the launcher, instead of in every scheduler process after the workers spawned."""
+    if not settings.enable_single_batch_overlap or settings.requested_a2a_backend == TORCH_A2A:
+        return
+    from sglang_overlap.sglang.sbo_decision import decide_sbo
+
+    decision, report = decide_sbo(settings, a2a_backend=settings.requested_a2a_backend,
+                                  runner_backend=str(getattr(args, "moe_runner_backend", "auto")))
+    if report.gpu.arch in ("sm90", "sm100") and decision.refusal is not None:
+        raise SettingsError(f"sglang-overlap: {decision.refusal}")
+
+
+def alias_to_deepep(server_args: Any, previous: Any) -> None:
+    """Resolution step `handle_a2a_moe`: torch_a2a takes DeepEP's code paths."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolved_view
+
+    if resolved_view(server_args).moe_a2a_backend == TORCH_A2A:
+        declare_resolution(server_args, "sglang_overlap", moe_a2a_backend="deepep")
+    previous(server_args)
+
+
+def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
+    """Parse `argv` exactly as `sglang serve` would with the plugin loaded.
+
+    Raises SettingsError for invalid plugin settings and SystemExit for argparse errors.
+    """
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    server_args = prepare_server_args(list(argv))
+    return server_args, state.settings_of(server_args)
+
+
+HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(ADD_CLI_ARGS, _after_add_cli_args, "after",
+             "add the plugin's flags (and its a2a backend choice) to SGLang's parser",
+             "src:bc6a5b60874c"),
+    HookSpec(FROM_CLI_ARGS, _after_from_cli_args, "after",
+             "validate the plugin's flags and carry them to every process on the record",
+             "src:722947880991"),
+)
+
+RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
+    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:38374a6d1ee5"),
+)
+
+# The hooks installed even when the guard failed (they only parse, validate and refuse).
+ALWAYS = frozenset({ADD_CLI_ARGS, FROM_CLI_ARGS})
