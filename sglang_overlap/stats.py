@@ -33,16 +33,7 @@ def count(path: str) -> None:
         logger.info("%s%s", summary(), f" (first {path})" if first else "")
 
 
-def snapshot() -> dict[str, int]:
-    return dict(_counts)
-
-
 def summary() -> str:
     body = " ".join(f"{k}={v}" for k, v in sorted(_counts.items()))
     return f"sglang-overlap stats [pid {os.getpid()}]: {body}"
 
-
-def reset() -> None:
-    global _steps
-    _counts.clear()
-    _steps = 0

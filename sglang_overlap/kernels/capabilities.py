@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_overlap.planning.sbo_layout import BLACKWELL_NUM_SMS, HOPPER_NUM_SMS
 from sglang_overlap.planning.sbo_path import (
     PER_BLOCK_ARGS,
     PER_EXPERT_ARGS,
@@ -34,8 +35,9 @@ from sglang_overlap.planning.sbo_path import (
 
 ASSUME_ARCH_ENV = "SGLANG_OVERLAP_ASSUME_ARCH"
 ARCH_CHOICES = ("sm90", "sm100", "cpu")
-_ASSUMED = {"sm90": ((9, 0), 132, "assumed SM90 (H100/H200 SXM)"),
-            "sm100": ((10, 0), 148, "assumed SM100 (B200)"), "cpu": (None, None, "assumed CPU")}
+_ASSUMED = {"sm90": ((9, 0), HOPPER_NUM_SMS, "assumed SM90 (H100/H200 SXM)"),
+            "sm100": ((10, 0), BLACKWELL_NUM_SMS, "assumed SM100 (B200)"),
+            "cpu": (None, None, "assumed CPU")}
 
 DEEP_EP_COMBINE = ("deep_ep", "Buffer.low_latency_combine")
 # SGLang 0.5.23 calls fp8_m_grouped_gemm_nt_masked; older wheels (0.1.x) have the third name.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sglang_overlap.planning.cost.stage_costs import StageCosts
+from sglang_overlap.planning.interleave import interleaved_order
 
 Stream = Literal["compute", "comm"]
 
@@ -167,14 +168,9 @@ def _two_batch_tasks(costs: tuple[StageCosts, StageCosts], layers: int, decode: 
             tail = layer_stages[-1]
         stages.append((layers - 1, tail))
         per_mb.append(stages)
-    n = len(per_mb[0])
-    order = [(0, i) for i in range(delta)]
-    for i in range(n - delta):
-        order += [(0, delta + i), (1, i)]
-    order += [(1, n - delta + i) for i in range(delta)]
     b = _Builder()
     in_flight: dict[int, int] = {}  # micro-batch -> its transfer the next receive waits for
-    for mb, index in order:
+    for mb, index in interleaved_order(len(per_mb[0]), delta):
         layer, stage = per_mb[mb][index]
         for name, stream, dur in stage:
             if stream == "comm":

@@ -37,7 +37,12 @@ from typing import Any, Literal
 import torch
 
 from sglang_overlap.kernels.contracts import Dispatcher, ExpertRunner, Layout, SignalContract
-from sglang_overlap.planning.sbo_layout import Granularity, plan_sbo_layout
+from sglang_overlap.planning.sbo_layout import (
+    HOPPER_NUM_SMS,
+    Granularity,
+    default_comm_num_sms,
+    plan_sbo_layout,
+)
 from sglang_overlap.planning.two_batch import ChildPlan
 from sglang_overlap.reference import experts as reference
 from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
@@ -89,8 +94,8 @@ class SboConfig:
     granularity: Granularity = "block"
     block_m: int = 64
     block_n: int = 128
-    num_sms: int = 132
-    comm_num_sms: int = 3
+    num_sms: int = HOPPER_NUM_SMS
+    comm_num_sms: int = default_comm_num_sms(blackwell=False)
 
 
 @dataclass(frozen=True)

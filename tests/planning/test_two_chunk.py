@@ -86,7 +86,10 @@ def test_threshold_out_of_range_names_the_flag(bad: float) -> None:
 
 @pytest.mark.parametrize("good", [0, 0.0, 0.25, 0.48, 0.5])
 def test_threshold_in_range(good: float) -> None:
-    check_threshold(good)
+    assert check_threshold(good) is None
+    # one request cannot be split on a boundary: two-chunk cuts it, unless the threshold is 0
+    split = plan_extend_split([42], good)
+    assert split.two_chunk == (good > 0), f"{good=} {split=}"
 
 
 # ---- brute-force references ---------------------------------------------------------------

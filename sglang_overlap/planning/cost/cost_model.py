@@ -32,7 +32,6 @@ Plain Python; mypy --strict.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -186,7 +185,3 @@ def predict(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
     recommended = min(candidates, key=lambda e: (e.step_us, MODES.index(e.mode))).mode
     return Prediction(model, hw, deploy, estimates, recommended)
 
-
-def with_overrides(deploy: Deployment, **changes: object) -> Deployment:
-    """A copy of `deploy` with some fields changed (validated again)."""
-    return dataclasses.replace(deploy, **changes)  # type: ignore[arg-type]
