@@ -127,3 +127,17 @@ def test_two_chunk_enabled() -> None:
     assert not OverlapSettings(enable_two_batch_overlap=True,
                                tbo_token_distribution_threshold=0.0).two_chunk_enabled
     assert not OverlapSettings().two_chunk_enabled
+
+
+@pytest.mark.parametrize("profile", ["H200-measured", "H20", "auto", "my-node.json"])
+def test_every_shipped_hardware_profile_is_accepted(profile: str) -> None:
+    s = OverlapSettings(enable_two_batch_overlap=True, overlap_gating="auto",
+                        overlap_hardware_profile=profile)
+    assert validate_settings(s, ServerFacts(moe_a2a_backend="deepep")) == []
+
+
+def test_the_a2a_field_keeps_what_was_asked_under_sglangs_flag_name() -> None:
+    s = _parse(["--moe-a2a-backend", "torch_a2a"])
+    assert s.requested_a2a_backend == "torch_a2a"
+    assert flag_name("requested_a2a_backend") == "--moe-a2a-backend"
+    assert OverlapSettings.from_mapping(s.to_dests()) == s
