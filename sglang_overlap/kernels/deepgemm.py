@@ -1,6 +1,6 @@
 """DeepGEMM backend: fp8 grouped expert GEMMs for both DeepEP layouts, and the sliced signal path.
 
-The only module that imports `deep_gemm`, lazily (the engine imports on CPU without it). The API is
+The only module that imports `deep_gemm`, lazily (the kernels import on CPU without it). The API is
 detected by signature, not version string:
 - "grouped" (sgl-deep-gemm 0.1.4.post1 and 0.2.x): `m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m,
   expected_m, recipe=...)` / `m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout)`, operands

@@ -9,7 +9,7 @@ Two ways to tell a combine-send consumer which output units are final while the 
    `low_latency_combine(overlap=True, src_signals=..., src_signal_expect_value=...)` reads): one
    uint32 counter per expert, final at `blocks_per_expert * n_tiles`; tiles past masked_m bump too,
    so an expert with zero tokens still reaches its value and nothing waits forever.
-2. Sliced (engine/deepgemm.py): unmodified DeepGEMM launched on slices of experts, each followed on
+2. Sliced (kernels/deepgemm.py): unmodified DeepGEMM launched on slices of experts, each followed on
    the same stream by `write_slice_signal`, which stores the final value for the slice's units.
 
 Both forms and values come from `planning.sbo_layout.SboLayout`. Triton is imported lazily.

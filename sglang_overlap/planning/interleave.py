@@ -1,10 +1,10 @@
 """The order in which two micro-batches' stages run under two-batch overlap.
 
 Micro-batch A runs `delta` stages ahead; then A and B alternate stage by stage; then B finishes.
-This is SGLang's `execute_overlapped_operations` order (decode: delta 2, prefill: delta 0), used
-by the engine's executor and by the plugin's replacement inside SGLang. Because A's stage k
-always runs before B's stage k (delta >= 0), A's attention of a layer runs before B's: the
-property two-chunk overlap relies on (B reads the KV cache that A wrote).
+This is SGLang's `execute_overlapped_operations` order (decode: delta 2, prefill: delta 0; a test
+checks it against upstream's loop), used by the reference executor and the cost model's schedule.
+Because A's stage k always runs before B's stage k (delta >= 0), A's attention of a layer runs
+before B's: the property two-chunk overlap relies on (B reads the KV cache that A wrote).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ SBO overlaps two things on the DeepEP low-latency path:
      and DeepEP's combine kernel sends each unit as soon as it is marked. This needs a GEMM that
      writes signals and a combine that reads them, in the same form.
 
-The forms DeepEP's `Buffer.low_latency_combine` may accept (found by `engine/probe.py`):
+The forms DeepEP's `Buffer.low_latency_combine` may accept (found by `kernels/capabilities.py`):
   per_block  - Hopper fork: packed_recv_count, comp_signal [E*blocks] int32, block_m, threshold,
                num_sms (what SGLang 0.5.23 passes on SM90; in no released sgl-deep-ep);
   per_expert - overlap, src_signals [E_local] uint32, src_signal_expect_value
@@ -50,7 +50,7 @@ class SboPath(str, Enum):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the machine and the installed kernel packages offer (see `engine/probe.py`)."""
+    """What the machine and the installed kernel packages offer (see `kernels/capabilities.py`)."""
 
     arch: Arch
     deep_ep_version: str | None  # None: deep_ep not installed

@@ -37,16 +37,16 @@ class TorchA2AImpl:
                  low_latency: bool, **_: Any) -> None:
         cuda = torch.cuda.is_available()
         self.layout = "low_latency" if low_latency else "normal"
-        self.engine = AllToAllDispatcher(
+        self.a2a = AllToAllDispatcher(
             num_experts, int(os.environ.get(ENV_MAX_DISPATCH, "128")), group=group,
             streams=StreamPair("cuda" if cuda else "cpu"))
-        if self.engine.num_local_experts != num_local_experts:
-            raise ValueError(f"torch_a2a: {num_experts} experts over {self.engine.world_size} "
+        if self.a2a.num_local_experts != num_local_experts:
+            raise ValueError(f"torch_a2a: {num_experts} experts over {self.a2a.world_size} "
                              f"ranks is not SGLang's {num_local_experts} local experts")
         self.quant_config: Any = None
         self.overlap_args: Any = None
         self.meta_overlap_args: Any = None
-        self.last: tuple[Any, Any] | None = None  # (SGLang's dispatch output, the engine's)
+        self.last: tuple[Any, Any] | None = None  # (SGLang's dispatch output, the a2a's)
         self.signal: SignalContract | None = None  # SBO: set by run_moe_core for combine_a
 
     def set_quant_config(self, quant_config: Any) -> None:
@@ -61,14 +61,14 @@ class TorchA2AImpl:
     def dispatch_a(self, hidden_states: torch.Tensor, topk_output: Any) -> tuple[Any, ...]:
         ids = topk_output.topk_ids.long()  # [T, K] int64, -1 = unrouted
         weights = topk_output.topk_weights.float()  # [T, K] float32
-        pending = self.engine.dispatch_send(hidden_states, ids, weights, layout=self.layout,
+        pending = self.a2a.dispatch_send(hidden_states, ids, weights, layout=self.layout,
                                             slot=0)
         return pending, topk_output.topk_ids, topk_output.topk_weights
 
     def dispatch_b(self, pending: Any, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Any:
         from sglang.srt.layers.moe.token_dispatcher import deepep
 
-        d = self.engine.dispatch_recv(pending)
+        d = self.a2a.dispatch_recv(pending)
         if isinstance(d, LowLatencyDispatchOutput):
             out = deepep.DeepEPLLDispatchOutput(d.hidden, None, topk_ids, topk_weights,
                                                 d.masked_m, d.expected_m)
@@ -86,13 +86,13 @@ class TorchA2AImpl:
         _, dispatched = self.last
         self.last = None
         signal, self.signal = self.signal, None
-        pending = self.engine.combine_send(hidden_states, dispatched, signal=signal)
+        pending = self.a2a.combine_send(hidden_states, dispatched, signal=signal)
         if signal is not None:
             signal.finish()
         return (pending,)
 
     def combine_b(self, pending: Any) -> torch.Tensor:
-        return self.engine.combine_recv(pending)
+        return self.a2a.combine_recv(pending)
 
 
 def _impl_class(low_latency: bool) -> type:
