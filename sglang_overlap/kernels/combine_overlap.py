@@ -12,10 +12,12 @@ per_expert (deepseek-ai/DeepEP hybrid-ep @ 94a9f8f, the sgl-deep-ep 0.1.2.post1 
 per_block (deepseek-ai/DeepEP antgroup-opt @ 76f0271, what SGLang 0.5.23 calls on Hopper):
     `comp_signal` int32 `[E_local * ceil(C / block_m)]`, C = num_max_dispatch_tokens_per_rank *
     num_ranks; signal `e * ceil(C / block_m) + b` covers rows [b * block_m, (b + 1) * block_m)
-    of expert e. The send spins (no timeout) until `ld.acquire.gpu == threshold` for
-    b < ceil(packed_recv_count[e] / block_m), and waits on nothing for an empty expert. It runs
-    on exactly `num_sms` CTAs (one warp group of 32 warps each) and only as a send-only launch
-    (`return_recv_hook=True`); `threshold > 0` is asserted on the host.
+    of expert e; the host asserts the length E_local * ceil(C / 64) whatever block_m
+    (csrc/deep_ep.cpp:1721), so only block_m 64 agrees with it. The send spins (no timeout)
+    until `ld.acquire.gpu == threshold` for b < ceil(packed_recv_count[e] / block_m), and
+    waits on nothing for an empty expert. It runs on exactly `num_sms` CTAs (one warp group
+    of 32 warps each) and only as a send-only launch (`return_recv_hook=True`); `threshold > 0`
+    is asserted on the host.
 
 Both kernels are cooperative launches of 1024-thread CTAs with ~200 KB of shared memory each:
 one CTA fills an SM, so the send holds exactly its CTA count of SMs and the signal producer
@@ -38,6 +40,10 @@ if TYPE_CHECKING:
     from sglang_overlap.planning.sbo_layout import SboLayout
 
 HYBRID_SEND_MAX_SMS = 32  # hybrid-ep's send-only combine: "num_device_sms = 32"
+# antgroup-opt csrc/deep_ep.cpp:1721 asserts comp_signal.size(0) == E_local * ceil(C / 64)
+# whatever block_m is passed, while the kernel indexes e * ceil(C / block_m) + b: only 64-row
+# blocks are laid out the same both ways (SGLang's MIN_BLOCK_M = 64 sizes it so too).
+PER_BLOCK_SIGNAL_ROWS = 64
 FORM_GRANULARITY = {"per_expert": "expert", "per_block": "block"}
 
 
@@ -109,7 +115,10 @@ def check_layout_for_combine(layout: SboLayout, form: CombineForm, *,
         problems.append(f"capacity {layout.capacity} != num_max_dispatch_tokens_per_rank * "
                         f"num_ranks = {cap} (the kernel's row stride per expert)")
     if form == "per_block":
-        want = layout.num_local_experts * -(-cap // layout.block_m)
+        want = layout.num_local_experts * -(-cap // PER_BLOCK_SIGNAL_ROWS)
+        if layout.block_m != PER_BLOCK_SIGNAL_ROWS:
+            problems.append(f"block_m {layout.block_m}: the tree sizes comp_signal for "
+                            f"{PER_BLOCK_SIGNAL_ROWS}-row blocks and indexes it with block_m")
         if layout.signal_dtype != "int32" or layout.signal_shape != (want,):
             problems.append(f"signal {layout.signal_dtype}{list(layout.signal_shape)}; the "
                             f"kernel reads int32[{want}] = E_local * ceil({cap} / "
@@ -140,6 +149,7 @@ def layout_overlap_kwargs(form: CombineForm, layout: SboLayout, signal: torch.Te
 __all__ = [
     "FORM_GRANULARITY",
     "HYBRID_SEND_MAX_SMS",
+    "PER_BLOCK_SIGNAL_ROWS",
     "check_combine_call",
     "check_layout_for_combine",
     "combine_overlap_kwargs",

@@ -228,13 +228,15 @@ class DeepEPSboLayer:
                                                 layout=layout)
             sent = torch.cuda.Event()  # type: ignore[no-untyped-call]
             sent.record(self.comm_stream)
-        for t in (out, signal, d.count, topk_idx, topk_w):
-            t.record_stream(self.comm_stream)
+        if not torch.cuda.is_current_stream_capturing():  # a graph keeps its pool alive
+            for t in (out, signal, d.count, topk_idx, topk_w):
+                t.record_stream(self.comm_stream)
         if self.watchdog_s is not None:
             wait_or_raise(sent, signal=signal, layout=layout, recv_count=d.count,
                           timeout_s=self.watchdog_s)
         compute.wait_stream(self.comm_stream)
-        combined.record_stream(compute)
+        if not torch.cuda.is_current_stream_capturing():
+            combined.record_stream(compute)
         chook()  # the receive, on the compute stream after the send
         return combined
 

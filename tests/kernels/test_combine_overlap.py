@@ -127,8 +127,10 @@ def test_hybrid_send_grid_brute_force_never_exceeds_32() -> None:
 def test_per_block_layout_is_what_antgroup_reads(e: int, n: int, w: int, em: int) -> None:
     lay = _layout("per_block", e=e, n=n, w=w, em=em)
     cap = n * w  # antgroup-opt: num_signal_per_expert = ceil_div(num_ranks * N, block_m)
-    assert lay.signal_shape == (e * -(-cap // lay.block_m),) and lay.signal_dtype == "int32"
+    assert lay.block_m == 64  # and its host asserts the length E * ceil(C / 64)
+    assert lay.signal_shape == (e * -(-cap // 64),) and lay.signal_dtype == "int32"
     assert lay.expect_value == lay.n_tiles > 0 and lay.comm_num_sms == 3
+    assert lay.compute_num_sms == 128  # 132 - 3, rounded down to even for DeepGEMM
     for exp in range(e):  # signal e * per_expert + b covers rows [b*block_m, (b+1)*block_m)
         for b in range(lay.blocks_per_expert):
             assert lay.signal_index(exp, b) == exp * -(-cap // lay.block_m) + b
@@ -151,6 +153,13 @@ def test_layouts_the_kernel_would_misread_are_refused() -> None:
     with pytest.raises(ValueError, match=r"capacity 256 != .* = 512"):
         check_layout_for_combine(block, "per_block", num_max_dispatch_tokens_per_rank=256,
                                  num_ranks=2)
+    from sglang_overlap.planning.sbo_layout import plan_sbo_layout
+
+    wide = plan_sbo_layout(num_local_experts=16, capacity=256, block_m=128, block_n=128,
+                           hidden=7168, num_sms=132, comm_num_sms=4, granularity="block")
+    with pytest.raises(ValueError, match="block_m 128.*64-row"):
+        check_layout_for_combine(wide, "per_block", num_max_dispatch_tokens_per_rank=256,
+                                 num_ranks=1)
     with pytest.raises(ValueError, match="is not the layout's"):
         layout_overlap_kwargs("per_block", block, torch.zeros(3, dtype=torch.int32),
                               torch.zeros(16, dtype=torch.int32), num_sms=3)
