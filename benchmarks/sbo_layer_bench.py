@@ -149,8 +149,11 @@ def worker(shapes: list[tuple[int, int]]) -> None:
         row["wall_s"] = round(time.time() - t0, 1)
         if ctx["rank"] == 0:  # under torchrun every rank runs the shape; rank 0 reports
             print(json.dumps(row), flush=True)
+        import gc
+
         import torch
 
+        gc.collect()
         torch.cuda.empty_cache()
     os._exit(0)
 

@@ -12,7 +12,9 @@ down GEMM -> DeepEP low-latency combine, plus a bf16 shared expert. `forward(mod
 The launch order of overlap 2 is what makes it hang-free (tests/gpu/test_sbo_layer.py):
   1. zero the signal on the compute stream, record `ready`;
   2. launch the whole producer there (every GEMM launch and signal store);
-  3. the communication stream waits for `ready`, then the combine send is launched.
+  3. the communication stream waits for `ready`, then the combine send is launched;
+  4. the receive hook runs on the communication stream too (DeepEP launches it on the send's
+     stream), and the compute stream waits for it before reading the result.
 The send therefore never precedes its producer in any stream, and every kernel the signal
 depends on is launched - so loaded: CUDA's lazy loading may synchronise the context at a
 kernel's first launch, and that waits for a spinning send - before the send can spin. The send
@@ -234,11 +236,20 @@ class DeepEPSboLayer:
         if self.watchdog_s is not None:
             wait_or_raise(sent, signal=signal, layout=layout, recv_count=d.count,
                           timeout_s=self.watchdog_s)
-        compute.wait_stream(self.comm_stream)
+        self.combine_recv(chook)
         if not torch.cuda.is_current_stream_capturing():
             combined.record_stream(compute)
-        chook()  # the receive, on the compute stream after the send
         return combined
+
+    def combine_recv(self, chook: Any) -> None:
+        """Run an overlapped combine's receive hook and make the current stream wait for it.
+        DeepEP's hook launches on the stream its send ran on (the communication stream), not
+        on the stream current at the call (SGLang's combine_b does the same three steps)."""
+        compute = torch.cuda.current_stream()
+        self.comm_stream.wait_stream(compute)
+        with torch.cuda.stream(self.comm_stream):
+            chook()
+        compute.wait_stream(self.comm_stream)
 
 
 def deepgemm_align() -> int:

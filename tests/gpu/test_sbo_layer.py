@@ -22,7 +22,9 @@ from tests.gpu.test_deepep_kernels import routing
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-REF_REL = 3e-2  # fp8 activations (twice) and fp8 weights against a float32 reference
+# three e4m3 roundings against a float32 reference (x per 128 channels, the SiLU output per
+# 128 channels, weights per 128 x 128 block), each ~2.2 % in L2: ~3.8 % seen at every shape
+REF_REL = 6e-2
 SAME_REL = 1e-2  # the same fp8 pipeline, another down-GEMM kernel (fused Triton vs DeepGEMM)
 WATCHDOG_S = 20.0
 _WEIGHTS: dict[int, object] = {}
@@ -143,8 +145,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
         torch.cuda._sleep(100_000_000)
     layer.down(act, d, signal=signal, layout=lay, out=out)
     wait_or_raise(sent, signal=signal, layout=lay, recv_count=d.count, timeout_s=WATCHDOG_S)
-    torch.cuda.current_stream().wait_stream(layer.comm_stream)
-    chook()
+    layer.combine_recv(chook)
     rel = _rel(combined + layer.shared_expert(x), want)
     assert rel <= SAME_REL, f"{ep.form=} {delay=} {rel=}"
 
@@ -165,8 +166,7 @@ def test_watchdog_names_stuck_units_and_releases(ep) -> None:
     with pytest.raises(SignalError, match=r"expert 0 block 0 \(signal\[0\]=") as err:
         wait_or_raise(sent, signal=signal, layout=lay, recv_count=d.count, timeout_s=1.0)
     assert "released" in str(err.value), str(err.value)
-    torch.cuda.current_stream().wait_stream(layer.comm_stream)
-    chook()
+    layer.combine_recv(chook)
     again = layer.forward(x, idx, w, mode="sbo")
     assert _rel(again, want) <= SAME_REL
 
