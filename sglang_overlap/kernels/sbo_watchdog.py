@@ -9,8 +9,11 @@ names each unit the send still waits for, and with `release=True` writes the fin
 the host (host-to-device, no SM either) so the send drains and the process stays usable; the
 step's output is then wrong, and the error says so.
 
-`SignalWatchdog` does the same from a thread, for a main thread that may itself be blocked
-inside a CUDA call (see `benchmarks/sbo_hang_probe.py` for when that happens).
+`SignalWatchdog` does the same from a thread, armed before the launches it guards. What no
+host code can break (seen on the H200, `benchmarks/results/h200_sbo_layer.md`): a producer kernel
+launched for the first time after the send spins. CUDA's lazy loading then waits for the device
+to go idle inside that launch, and the release copy blocks in the driver too; only killing the
+process ends it. `kernels/sbo_layer.py`'s launch order rules that case out.
 """
 
 from __future__ import annotations
