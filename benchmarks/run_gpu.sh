@@ -1,40 +1,124 @@
 #!/usr/bin/env bash
-# Runs on the CUDA machine, from the repo root: installs the wheels carried in .whl/, restores the
-# DeepGEMM/Triton JIT caches carried in .gpu-cache/, runs benchmarks/gpu_suite.py all (GPU tests
-# + every shape + tables) and packs the caches into $OUT for the next call.
-#   bash benchmarks/run_gpu.sh [gpu_suite.py all options, e.g. --shapes 8x32 --seeds 3]
+# Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
+#   bash benchmarks/run_gpu.sh [sbo|gemm|all] [extra gpu_suite.py options for gemm]
+#     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
+#           tree), hang probe and SBO layer benchmark per tree, tables (default)
+#     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
+#     all   both
+# Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
+# layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
+#
+# Inputs, all git-ignored, found beside the repo (or at the paths the variables give):
+#   WHEELS=.whl         cp312 wheels: sgl-deep-gemm==0.1.4.post1 apache-tvm-ffi==0.1.11 (GPU.md)
+#   DEEPEP_TREES=.deepep  one folder per DeepEP tree, each a DeepEP v1 checkout (setup.py,
+#       deep_ep/, csrc/): e.g. deepep-hybrid/ (deepseek-ai/DeepEP branch hybrid-ep @ 94a9f8f)
+#       and deepep-ant/ (branch antgroup-opt @ 76f0271). Prepare from a checkout:
+#         git clone https://github.com/deepseek-ai/DeepEP .deepep/deepep-ant
+#         git -C .deepep/deepep-ant checkout 76f0271
+#       (hybrid-ep also needs the two local edits listed in ../shared/deepep/README.md: setup.py
+#       builds hybrid_ep_cpp only with BUILD_HYBRID_EP=1; deep_ep/__init__.py imports hybrid_ep
+#       optionally, adds topk_idx_t and __version__), or from the project's tarballs:
+#         tar -xzf ../shared/deepep/deepep-hybrid-ep-94a9f8f.tar.gz -C .deepep
+#       A prebuilt extension is used when the tree holds deep_ep_cpp*.so, or deep_ep_cpp*.so.gz
+#       (unpacked here, e.g. ../shared/deepep/prebuilt/*.so.gz copied in); otherwise the tree
+#       is built here in place (the recipe below, ~60 s on 16 cores, trees in parallel).
+#   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT
 set -uo pipefail
-OUT=${OUT:-$PWD/.gpu-out}
-mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
+MODE=${1:-sbo}; shift || true
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/.gpu-out}; mkdir -p "$OUT"
+WHEELS=${WHEELS:-$ROOT/.whl}; TREES=${DEEPEP_TREES:-$ROOT/.deepep}; CACHE=${GPU_CACHE:-$ROOT/.gpu-cache}
+NPROC=${NPROC:-1}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-CACHE=${GPU_CACHE:-$PWD/.gpu-cache}
+export PYTHONPATH=$ROOT:${PYTHONPATH:-}
 mkdir -p "$CACHE/work"
 [ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
 export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
-# NVRTC there cannot find cuda/std headers (seen 2026-12-02): DeepGEMM compiles with nvcc
-export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used \
-  --format=csv
-python3 - <<'PY'
-import time, torch, triton
-t = time.time()
+export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+build_tree() {  # the DeepEP v1 recipe for this image (CUDA 13, nvidia-nvshmem-cu13 wheel)
+  ( cd "$1" && export PATH=/usr/local/cuda/bin:/opt/gcc/bin:$PATH CUDA_HOME=/usr/local/cuda \
+      TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-16} && \
+    export CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH} && \
+    unset NVSHMEM_DIR && python3 setup.py build_ext --inplace > build.log 2>&1 )
+  echo "built $1: rc=$? ($(ls "$1"/deep_ep_cpp*.so 2>/dev/null || tail -3 "$1/build.log"))"
+}
+tree_list=()
+for tree in "$TREES"/*/; do
+  tree=${tree%/}; [ -d "$tree/deep_ep" ] || continue
+  if ! compgen -G "$tree/deep_ep_cpp*.so" >/dev/null; then
+    gz=$(ls "$tree"/deep_ep_cpp*.so.gz 2>/dev/null | head -1)
+    if [ -n "$gz" ]; then gunzip -c "$gz" > "${gz%.gz}"; else build_tree "$tree" & fi
+  fi
+  tree_list+=("$tree")
+done
+wait
+for tree in "${tree_list[@]}"; do
+  PYTHONPATH=$tree:$PYTHONPATH python3 -c "
+from sglang_overlap.kernels.capabilities import probe_package, combine_forms
+p = probe_package('deep_ep', ('Buffer.low_latency_combine',))
+from sglang_overlap.kernels.deepep import load_deep_ep
 try:
-    import deep_gemm
-    from sglang_overlap.kernels import deepgemm
-    print("deep_gemm", deep_gemm.__version__, deepgemm.api().flavour,
-          f"import {time.time() - t:.1f} s")
-except Exception as exc:
-    print("deep_gemm unavailable:", exc)
-print("torch", torch.__version__, "triton", triton.__version__,
-      torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)
-PY
+    load_deep_ep(); ok = 'loads'
+except RuntimeError as exc:
+    ok = f'FAILS: {exc}'
+print(f'{p.location}: deep_ep {p.version}, forms {combine_forms(p.params)}, {ok}')"
+done
+python3 -c "import importlib.util as u; s=u.find_spec('nvidia.nvshmem'); print('nvshmem wheel:', s and list(s.submodule_search_locations))"
+
+launch() {  # one rank, or torchrun
+  if [ "$NPROC" -gt 1 ]; then torchrun --nproc-per-node "$NPROC" "$@"; else python3 "$@"; fi
+}
 rc=0
-python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=$?
+if [ "$MODE" = sbo ] || [ "$MODE" = all ]; then
+  # knobs for a short run: WARM_SHAPES=8x1,16x128  SBO_K='e_local0'  SBO_SHAPES=8x1  HANG=0
+  python3 benchmarks/sbo_layer_bench.py warm --of "${WARM_PROCS:-12}" \
+    ${WARM_SHAPES:+--shapes $WARM_SHAPES} || rc=1
+  hang_pids=()
+  if [ "${HANG:-1}" = 1 ] && [ "$NPROC" = 1 ]; then  # each tree its own process, in parallel
+    for tree in "${tree_list[@]}"; do
+      case " ${HANG_TREES:-$(basename "$tree")} " in *" $(basename "$tree") "*) ;; *) continue;; esac
+      PYTHONPATH=$tree:$PYTHONPATH python3 benchmarks/sbo_hang_probe.py all --timeout 20 \
+        --release 4 ${HANG_ONLY:+--only $HANG_ONLY} > "$OUT/hang_$(basename "$tree").md" 2>&1 &
+      hang_pids+=($!)
+    done
+    # HANG_BG=1: the probes run beside the tests (time-sliced GPU; never beside the benchmark)
+    [ "${HANG_BG:-0}" = 1 ] || wait "${hang_pids[@]}"
+  fi
+  for tree in "${tree_list[@]}"; do
+    name=$(basename "$tree")
+    PYTHONPATH=$tree:$PYTHONPATH SGLANG_OVERLAP_REQUIRE_DEEPEP=1 launch -m pytest -q \
+      -p no:cacheprovider ${SBO_K:+-k "$SBO_K"} \
+      ${SBO_TESTS:-tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py} \
+      > "$OUT/pytest_$name.txt" 2>&1 || rc=1
+    echo "pytest ($name): $(tail -1 "$OUT/pytest_$name.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.txt" | head -20
+  done
+  [ ${#hang_pids[@]} -gt 0 ] && wait "${hang_pids[@]}"
+  for f in "$OUT"/hang_*.md; do [ -f "$f" ] && { echo "$f:"; grep '^|' "$f"; }; done
+  for tree in "${tree_list[@]}"; do
+    name=$(basename "$tree")
+    if [ "$NPROC" -gt 1 ]; then
+      PYTHONPATH=$tree:$PYTHONPATH launch benchmarks/sbo_layer_bench.py worker \
+        ${SBO_SHAPES:+--shapes $SBO_SHAPES} > "$OUT/sbo_$name.jsonl" || rc=1
+    else
+      PYTHONPATH=$tree:$PYTHONPATH SBO_TREE=$name python3 benchmarks/sbo_layer_bench.py run \
+        --out "$OUT" ${SBO_SHAPES:+--shapes $SBO_SHAPES} > "$OUT/bench_$name.log" 2>&1 || rc=1
+    fi
+  done
+  python3 benchmarks/sbo_layer_bench.py table "$OUT"/sbo_*.jsonl | tee "$OUT/sbo_tables.md"
+fi
+if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
+  python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1
+fi
 (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
-echo "run_gpu.sh exit $rc"
+echo "run_gpu.sh $MODE exit $rc"
 exit $rc

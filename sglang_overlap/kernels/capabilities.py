@@ -210,16 +210,34 @@ def read_params(module: str, qualname: str,
 
 
 def package_version(module: str, search_path: Sequence[str] | None = None) -> str | None:
-    paths = list(search_path) if search_path is not None else sys.path
-    for dist_name in _DISTRIBUTIONS.get(module, (module,)):
-        for dist in importlib.metadata.distributions(name=dist_name, path=paths):
-            return str(dist.version)
+    """The version of the `module` that imports first: distribution metadata beside that
+    package directory (not another copy's further down the path), else its VERSION file, else
+    `__version__` in its `__init__.py`."""
     root = package_dir(module, search_path)
     if root is None:
         return None
+    for dist_name in _DISTRIBUTIONS.get(module, (module,)):
+        for dist in importlib.metadata.distributions(name=dist_name, path=[str(root.parent)]):
+            return str(dist.version)
     if (root / "VERSION").is_file():
         return (root / "VERSION").read_text(encoding="utf-8").strip()
-    return "unknown"
+    return _source_version(root) or "unknown"
+
+
+def _source_version(root: Path) -> str | None:
+    """`__version__ = "..."` at the top level of the package's `__init__.py` (source trees
+    built in place, like DeepEP's, have no distribution metadata)."""
+    init = root / "__init__.py"
+    try:
+        tree = ast.parse(init.read_text(encoding="utf-8"), filename=str(init))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for st in _bindings(tree.body):
+        if (isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant)
+                and isinstance(st.value.value, str)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in st.targets)):
+            return st.value.value
+    return None
 
 
 def probe_package(module: str, candidates: Sequence[str],

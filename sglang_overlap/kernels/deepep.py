@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from sglang_overlap.kernels.capabilities import FunctionParams
+from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
 from sglang_overlap.kernels.contracts import (
     Layout,
     LowLatencyDispatchOutput,
@@ -118,44 +118,37 @@ def plan_deepep_buffer(*, hidden: int, num_experts: int, world_size: int,
                             normal_num_sms)
 
 
-def combine_overlap_kwargs(form: CombineForm | None, *, signal: torch.Tensor | None,
-                           expect_value: int = 0, packed_recv_count: torch.Tensor | None = None,
-                           block_m: int | None = None, threshold: int | None = None,
-                           num_sms: int | None = None) -> dict[str, Any]:
-    """Keyword arguments for `Buffer.low_latency_combine` in `form`; {} without a signal.
-
-    per_expert (sgl-deep-ep 0.1.2.post1):
-        overlap=True, src_signals: [E_local] uint32 counters, src_signal_expect_value: the value
-        a counter holds once its expert's rows are final (SboLayout.expect_value).
-    per_block (DeepEP's Hopper fork):
-        overlap=True, packed_recv_count: [E_local] int32 (dispatch's recv_count),
-        comp_signal: [E_local * ceil(C / block_m)] int32, block_m, threshold (a block's final
-        counter value), num_sms (SMs the combine send may use).
-    """
-    if signal is None:
-        return {}
-    if form == "per_expert":
-        return dict(overlap=True, src_signals=signal, src_signal_expect_value=expect_value)
-    if form == "per_block":
-        missing = [n for n, v in (("packed_recv_count", packed_recv_count), ("block_m", block_m),
-                                  ("threshold", threshold), ("num_sms", num_sms)) if v is None]
-        if missing:
-            raise ValueError(f"per-block combine overlap needs {', '.join(missing)}")
-        return dict(overlap=True, packed_recv_count=packed_recv_count, comp_signal=signal,
-                    block_m=block_m, threshold=threshold, num_sms=num_sms)
-    raise ValueError(f"no combine overlap form to pass a signal in (form={form!r})")
+FORM_INSTALL = {
+    "per_expert": "pip install sgl-deep-ep==0.1.2.post1 (built for torch >= 2.13), or build "
+                  "deepseek-ai/DeepEP branch hybrid-ep (benchmarks/run_gpu.sh shows how)",
+    "per_block": "build deepseek-ai/DeepEP branch antgroup-opt (DeepEP PR #483; no released "
+                 "sgl-deep-ep has this form; benchmarks/run_gpu.sh shows how)",
+}
 
 
-def check_combine_call(params: FunctionParams, kwargs: dict[str, Any]) -> None:
-    """Raise ValueError (at start-up, not a TypeError mid-serving) unless `low_latency_combine`
-    with these keyword arguments binds to the declared parameters."""
-    base = dict(x=None, topk_idx=None, topk_weights=None, handle=None, async_finish=False,
-                return_recv_hook=True)
+def load_deep_ep(form: CombineForm | None = None) -> Any:
+    """Import deep_ep at start-up, or raise RuntimeError naming the package found (version,
+    location), what is wrong and what to install: not installed, no `low_latency_combine`
+    taking `form`'s arguments (read from its source before loading anything), or an extension
+    that fails to load (e.g. built for another torch / NCCL, or libnvshmem missing)."""
+    from sglang_overlap.kernels.capabilities import DEEP_EP_COMBINE, combine_forms, probe_package
+
+    found = probe_package(DEEP_EP_COMBINE[0], (DEEP_EP_COMBINE[1],))
+    hint = FORM_INSTALL.get(form or "per_expert", FORM_INSTALL["per_expert"])
+    if found.version is None:
+        raise RuntimeError(f"deep_ep is not installed: {hint}")
+    where = f"deep_ep {found.version} at {found.location}"
+    forms = combine_forms(found.params)
+    if form is not None and form not in forms:
+        raise RuntimeError(f"{where}: low_latency_combine ({found.note}) takes "
+                           f"{' and '.join(forms) or 'no'} overlap form(s), not {form}: {hint}")
     try:
-        params.signature().bind(None, **base, **kwargs)
-    except TypeError as exc:
-        raise ValueError(f"deep_ep low_latency_combine ({params.where}) does not accept "
-                         f"{sorted(kwargs)}: {exc}") from exc
+        import deep_ep
+    except Exception as exc:  # ImportError, OSError (.so), RuntimeError (host checks)
+        raise RuntimeError(f"{where} does not load ({type(exc).__name__}: {exc}); its "
+                           f"deep_ep_cpp extension must be built against this torch "
+                           f"{torch.__version__} and NVSHMEM: {hint}") from exc
+    return deep_ep
 
 
 @dataclass
@@ -302,9 +295,11 @@ class DeepEPDispatcher:
 
 
 __all__ = [
+    "FORM_INSTALL",
     "DeepEPBufferPlan",
     "DeepEPDispatcher",
     "check_combine_call",
     "combine_overlap_kwargs",
+    "load_deep_ep",
     "plan_deepep_buffer",
 ]

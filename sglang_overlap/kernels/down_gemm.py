@@ -21,12 +21,20 @@ from typing import Literal
 
 import torch
 
+from sglang_overlap.kernels.combine_overlap import (
+    FORM_GRANULARITY,
+    HYBRID_SEND_MAX_SMS,
+    PER_BLOCK_SIGNAL_ROWS,
+    check_layout_for_combine,
+    combine_send_num_sms,
+)
 from sglang_overlap.kernels.signal_gemm import (
     SignalGemmConfig,
     default_config,
     grouped_gemm_fp8_signal,
 )
 from sglang_overlap.planning.sbo_layout import Granularity, SboLayout, plan_sbo_layout
+from sglang_overlap.planning.sbo_path import CombineForm
 
 # sgl-deep-gemm 0.1.4.post1's masked GEMM writes wrong rows at per-expert capacity 16 / 32
 # (seen on the H200): DeepGEMM slices run only where the capacity is a multiple of this.
@@ -74,6 +82,36 @@ def signal_layout(*, num_local_experts: int, capacity: int, hidden: int, expecte
     return plan_sbo_layout(num_local_experts=num_local_experts, capacity=capacity,
                            block_m=config.block_m, block_n=config.block_n, hidden=hidden,
                            num_sms=num_sms, comm_num_sms=comm_num_sms, granularity=granularity)
+
+
+def combine_signal_layout(form: CombineForm, *, num_local_experts: int, world_size: int,
+                          num_max_dispatch_tokens_per_rank: int, num_tokens: int, hidden: int,
+                          expected_m: int, num_sms: int, comm_num_sms: int) -> SboLayout:
+    """`signal_layout` for DeepEP's combine in `form`, checked against what that tree's send
+    kernel reads (`combine_overlap.check_layout_for_combine`): capacity C = N * W rows per expert,
+    per_block int32 `[E_local * ceil(C / 64)]` in 64-row blocks (antgroup-opt asserts that size
+    whatever block_m it is given, so the plugin's tiles are 64 rows there), final at `threshold`;
+    per_expert uint32 `[E_local]`.
+
+    SMs: the GEMM keeps off those the send may hold - `comm_num_sms` per block (its `num_sms`);
+    per expert the tree's grid (`combine_send_num_sms`), at most `HYBRID_SEND_MAX_SMS`, reserved
+    whatever T (one split and one set of GEMM kernels per shape) - and runs on an even count
+    (sgl-deep-gemm 0.1.4 asserts num_sms % 2 == 0: TMA multicast pairs SMs)."""
+    held = combine_send_num_sms(form, num_experts=num_local_experts * world_size,
+                                num_tokens=num_tokens, comm_num_sms=comm_num_sms)
+    if form == "per_expert":
+        held = max(held, HYBRID_SEND_MAX_SMS)
+    usable = held + (num_sms - held) // 2 * 2  # the GEMM's share rounded down to even
+    config = default_config(expected_m)
+    block_m = PER_BLOCK_SIGNAL_ROWS if form == "per_block" else config.block_m
+    layout = plan_sbo_layout(num_local_experts=num_local_experts,
+                             capacity=num_max_dispatch_tokens_per_rank * world_size,
+                             block_m=block_m, block_n=config.block_n, hidden=hidden,
+                             num_sms=usable, comm_num_sms=held,
+                             granularity=FORM_GRANULARITY[form])  # type: ignore[arg-type]
+    check_layout_for_combine(layout, form, num_max_dispatch_tokens_per_rank=(
+        num_max_dispatch_tokens_per_rank), num_ranks=world_size)
+    return layout
 
 
 def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:

@@ -4,7 +4,8 @@ combine send, and the signal the plugin's down GEMM raises for it.
 * `SboFlags.enable_combine_down_gemm_two_stream_overlap` (around): only when the chosen path has a
   signal GEMM and a combine form (`sbo_decision.py`).
 * `compute_overlap_args` (around): for the plugin's down GEMM, swap upstream's Hopper per-block
-  int32 signal for the one `kernels.down_gemm.signal_layout` lays out (per expert or per block).
+  int32 signal for the one `kernels.down_gemm.combine_signal_layout` lays out (the installed
+  DeepEP tree's form: per expert, or per 64-row block).
   The signal is allocated with torch.zeros inside the forward, so a CUDA-graph replay re-zeroes
   it; the layout depends only on static shapes.
 """
@@ -35,17 +36,22 @@ def down_gemm_flag(orig: Any, cls: Any) -> bool:
 def apply_plugin_signal(decision: SboDecision, combine: Any, down: Any, meta: dict[str, Any],
                         shape: tuple[int, int, int], expected_m: int, device: Any,
                         comm_num_sms: int = 0) -> None:
-    """Swap upstream's Hopper per-block int32 signal for the plugin signal GEMM's, in place."""
-    from sglang_overlap.kernels.down_gemm import signal_layout
+    """Swap upstream's Hopper per-block int32 signal for the plugin signal GEMM's, in place:
+    the layout the installed tree's combine reads (`down_gemm.combine_signal_layout`: 64-row
+    blocks per block, the GEMM off the send's SMs and on an even count)."""
+    from sglang_overlap.kernels.down_gemm import combine_signal_layout
     from sglang_overlap.kernels.signal_gemm import new_signal
 
     total = combine.num_sms + meta["compute_num_sms"]
     comm = comm_num_sms or combine.num_sms
     e_local, capacity, hidden = shape
     assert decision.granularity is not None
-    layout = signal_layout(num_local_experts=e_local, capacity=capacity, hidden=hidden,
-                           expected_m=expected_m, granularity=decision.granularity,
-                           num_sms=total, comm_num_sms=comm)
+    form = decision.combine_form or ("per_expert" if decision.granularity == "expert"
+                                     else "per_block")
+    layout = combine_signal_layout(form, num_local_experts=e_local, world_size=1,
+                                   num_max_dispatch_tokens_per_rank=capacity,  # C = N * W
+                                   num_tokens=capacity, hidden=hidden, expected_m=expected_m,
+                                   num_sms=total, comm_num_sms=comm)
     signal = new_signal(layout, device)  # zeroed in the forward: re-zeroed on graph replay
     combine.signal = down.signal = signal
     combine.num_sms, combine.threshold = comm, layout.expect_value
