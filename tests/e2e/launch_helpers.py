@@ -32,8 +32,7 @@ class LaunchRun:
         self.argv = [sys.executable, "-m", "sglang_overlap", "launch", str(config),
                      "--model-path", str(model), "--log-dir", str(workdir / f"{name}-logs"),
                      *extra]
-        self.env = {**os.environ, **env, LAUNCH_ID_ENV: self.launch_id,
-                    "PYTHONPATH": str(REPO)}
+        self.env = {**os.environ, **env, LAUNCH_ID_ENV: self.launch_id}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LaunchRun:
