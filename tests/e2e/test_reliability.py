@@ -63,7 +63,9 @@ def test_the_probes_cover_what_they_claim(overlap_runs: OverlapRuns) -> None:
                                                + served["three_tokens"])
     assert [len(t) for t in served["long_and_one_token"]] == [6, 6]
     assert served["long_and_one_token"][1] == served["one_token"][0]
-    assert [len(t) for t in served["longest_prompt_that_fits"]] == [8]
+    # Accepted (4087 + 8 <= 4096), yet SGLang 0.5.23's scheduler clips max_new_tokens to
+    # context - 2 - prompt = 7, plugin or not.
+    assert [len(t) for t in served["longest_prompt_that_fits"]] == [7]
 
 
 @pytest.mark.parametrize("mode", MODES)
