@@ -96,3 +96,11 @@ def test_cache_root_default_and_override(monkeypatch: pytest.MonkeyPatch) -> Non
     assert build.cache_root() == Path("/xdg/sglang-overlap/cpu-kit")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert build.cache_root() == Path(os.path.expanduser("~/.cache/sglang-overlap/cpu-kit"))
+
+
+def test_pd_missing_names_the_router(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = build.pd_missing()
+    assert reason is not None and "smg (the PD router)" in reason, reason
+    assert reason.endswith(build.INSTALL_HINT)
