@@ -46,7 +46,7 @@ class GemmSample:
 
 
 # DeepGEMM fp8 masked grouped GEMM on the H200 of the CUDA test machine, DeepSeek-V3 down-proj
-# (N = 7168, K = 2048), one launch, CUDA graph, median of 5 x 50 replays (shared/GPU.md).
+# (N = 7168, K = 2048), one launch, CUDA graph, median of 5 x 50 replays.
 H200_DOWN_PROJ_SAMPLES = (
     GemmSample(8, 32, 7168, 2048, 38.1), GemmSample(8, 64, 7168, 2048, 38.6),
     GemmSample(8, 128, 7168, 2048, 46.4), GemmSample(8, 256, 7168, 2048, 58.8),

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.kit import KitMissing, build_tiny_dsv3
+
 REPO = Path(__file__).resolve().parents[1]
-# ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
-SHARED = Path(os.environ.get("SGLANG_OVERLAP_SHARED", REPO.parent / "shared"))
+# The first 50 problems of the GSM8K test set (MIT, OpenAI: tests/data/gsm8k/LICENSE).
+GSM8K_SAMPLE = REPO / "tests" / "data" / "gsm8k" / "test-first50.jsonl"
 
 
 def prerequisite_missing(reason: str) -> None:
@@ -22,12 +22,17 @@ def prerequisite_missing(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_dsv3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random DeepSeek-V3 checkpoint (3 layers, 8 routed + 1 shared expert, top-2)."""
-    maker = SHARED / "sglang-cpu" / "make_tiny_dsv3.py"
-    if not maker.is_file():
-        prerequisite_missing(f"{maker} not found")
-    out = tmp_path_factory.mktemp("tiny-dsv3")
-    subprocess.run([sys.executable, str(maker), str(out)], check=True, capture_output=True,
-                   timeout=300)
-    return out
+def tiny_dsv3() -> Path:
+    """A tiny random DeepSeek-V3 checkpoint (3 layers, 8 routed + 1 shared expert, top-2), built
+    once by tests/kit/make_tiny_dsv3.py into the kit's cache."""
+    try:
+        return build_tiny_dsv3()
+    except KitMissing as exc:
+        reason = f"tiny DeepSeek-V3: {exc}"
+    prerequisite_missing(reason)  # outside the except: the failure shows this line alone
+    raise AssertionError("not reached")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_sample() -> Path:
+    return GSM8K_SAMPLE

@@ -20,8 +20,6 @@ from typing import Any
 
 from sglang_overlap.evals import gsm8k as ev
 
-DEFAULT_CACHE = Path.home() / ".cache" / "sglang_overlap"
-
 
 def add_parser(subparsers: Any, name: str, help: str) -> None:
     p = subparsers.add_parser(name, help=help, description=__doc__,
@@ -36,8 +34,8 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:
                    help="requests in flight per server (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="default: %(default)s")
     p.add_argument("--data-path", default=None,
-                   help="local GSM8K test.jsonl (default: download the canonical file once into "
-                   f"{DEFAULT_CACHE})")
+                   help="local GSM8K test.jsonl (default: download the public test set once "
+                   f"into {ev.default_cache_dir() / 'gsm8k'})")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds per request (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -112,8 +110,16 @@ def _format_comparison(c: ev.Comparison) -> list[str]:
     return lines
 
 
+def _canonical() -> Path:
+    cache = ev.default_cache_dir()
+    if not (cache / "gsm8k" / "test.jsonl").is_file():
+        print(f"downloading the GSM8K test set from {ev.CANONICAL_URL} into {cache / 'gsm8k'}",
+              file=sys.stderr, flush=True)
+    return ev.fetch_canonical(cache)
+
+
 def _load(args: argparse.Namespace) -> tuple[list[ev.Example], list[str]]:
-    path = Path(args.data_path) if args.data_path else ev.fetch_canonical(DEFAULT_CACHE)
+    path = Path(args.data_path) if args.data_path else _canonical()
     examples = ev.load_examples(path)
     if args.num_questions > len(examples):
         raise ev.EvalError(

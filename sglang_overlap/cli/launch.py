@@ -7,8 +7,8 @@
 Prefill and decode start together; the router starts once both answer /health and is ready
 when GET /workers lists both. Every child logs to its own file under --log-dir. Ctrl-C (or
 SIGTERM), or the death of any child, stops all of them and says which one failed and why.
-Exit codes: 0 dry run, 1 a child failed or was not ready in time, 2 bad config, 130/143 stopped
-by SIGINT/SIGTERM.
+Exit codes: 0 dry run, 1 a program is not installed or a child failed or was not ready in time,
+2 bad config, 130/143 stopped by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_overlap.launch.check_args import check_server_flags
-from sglang_overlap.launch.commands import ProcessSpec, process_specs
+from sglang_overlap.launch.commands import ProcessSpec, process_specs, program_missing
 from sglang_overlap.launch.config import ConfigError, LaunchConfig, load_config
 from sglang_overlap.launch.supervisor import (
     LAUNCH_ID_ENV,
@@ -65,7 +65,7 @@ def _prepare(args: argparse.Namespace) -> tuple[LaunchConfig, list[ProcessSpec]]
     roles = tuple(r.strip() for r in args.only.split(",")) if args.only else None
     try:
         specs = process_specs(cfg, roles, args.node_rank)
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if not args.no_validate:
         print(f"[launch] checking server flags with SGLang's parser ({cfg.path})",
@@ -103,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"# {spec.name}: ready when {ready if spec.health_url else 'started'}")
             print(spec.shell())
         return 0
+    missing = [m for m in map(program_missing, specs) if m is not None]
+    if missing:  # found out now, not after the servers took minutes to come up
+        for message in missing:
+            _error(message)
+        _error("nothing was started")
+        return 1
     stamp = time.strftime("%Y%m%d-%H%M%S")
     default_dir = Path("sglang-overlap-logs") / f"{Path(args.config).stem}-{stamp}"
     log_dir = Path(args.log_dir) if args.log_dir else default_dir

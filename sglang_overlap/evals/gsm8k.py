@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 import urllib.error
@@ -78,23 +79,38 @@ def load_examples(path: str | Path) -> list[Example]:
     return examples
 
 
-def fetch_canonical(cache_dir: Path, timeout: float = 30.0) -> Path:
-    """Download the canonical test.jsonl once into `cache_dir`; return its path."""
-    target = cache_dir / "gsm8k_test.jsonl"
+def default_cache_dir() -> Path:
+    """Where the downloaded test set is kept: $XDG_CACHE_HOME (else ~/.cache)/sglang-overlap."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sglang-overlap"
+
+
+def fetch_canonical(cache_dir: Path, url: str = CANONICAL_URL, timeout: float = 30.0) -> Path:
+    """The public GSM8K test.jsonl, downloaded once into `cache_dir` (as SGLang's
+    few_shot_gsm8k.py does, which keeps it in /tmp); later calls read the cached copy. A download
+    that is not GSM8K (a proxy's error page, a cut-off file) is refused and not cached."""
+    target = cache_dir / "gsm8k" / "test.jsonl"
     if target.is_file():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with urllib.request.urlopen(CANONICAL_URL, timeout=timeout) as resp:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             data = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise EvalError(f"cannot download GSM8K from {url} (HTTP {exc.code}); pass a local "
+                        "test.jsonl with --data-path") from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise EvalError(
-            f"cannot download GSM8K from {CANONICAL_URL} ({exc}); pass a local test.jsonl "
-            "with --data-path"
-        ) from exc
-    tmp = target.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(target)
+        reason = getattr(exc, "reason", exc)
+        raise EvalError(f"cannot download GSM8K from {url} ({reason}): offline? pass a local "
+                        "test.jsonl with --data-path") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_suffix(f".part{os.getpid()}")
+    part.write_bytes(data)
+    try:
+        load_examples(part)
+    except EvalError as exc:
+        part.unlink()
+        raise EvalError(f"the download from {url} is not GSM8K ({exc}); pass a local "
+                        "test.jsonl with --data-path") from exc
+    part.replace(target)
     return target
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -29,18 +30,30 @@ class ProcessSpec:
         return shlex.join((["env", *env] if env else []) + list(self.argv))
 
 
+INSTALL = {"sglang": "sglang==0.5.23", "smg": "smg"}
+"""What to pip-install for each program a launch runs."""
+
+
 def _executable(name: str) -> str:
-    """The `name` script of this Python's environment, else the one on PATH."""
+    """The `name` script of this Python's environment, else the one on PATH, else the bare name:
+    a dry run prints it as is, and a launch refuses to start (`program_missing`)."""
     local = Path(sys.executable).parent / name
     if local.is_file():
         return str(local)
-    found = shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(
-            f"'{name}' not found next to {sys.executable} or on PATH "
-            f"(install {'sglang==0.5.23' if name == 'sglang' else 'smg'})"
-        )
-    return found
+    return shutil.which(name) or name
+
+
+def program_missing(spec: ProcessSpec) -> str | None:
+    """Why `spec`'s program cannot be started (one line), or None when it can."""
+    program = spec.argv[0]
+    if os.sep in program:
+        found = Path(program).is_file() and os.access(program, os.X_OK)
+    else:
+        found = shutil.which(program) is not None
+    if found:
+        return None
+    hint = f" (pip install {INSTALL[program]})" if program in INSTALL else ""
+    return (f"{spec.name}: '{program}' not found next to {sys.executable} or on PATH{hint}")
 
 
 def server_argv(cfg: LaunchConfig, role: Role, node_rank: int = 0) -> list[str]:

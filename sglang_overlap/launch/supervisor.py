@@ -136,10 +136,14 @@ class Supervisor:
         log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, LAUNCH_ID_ENV: self.launch_id}
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=_set_parent_death_signal,
-            )
+            try:
+                proc = subprocess.Popen(
+                    list(spec.argv), stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                    preexec_fn=_set_parent_death_signal,
+                )
+            except OSError as exc:  # not installed, not executable
+                raise LaunchFailed(f"{spec.name}: cannot start {spec.argv[0]}: {exc}") from exc
         child = Child(spec, proc, log_path, time.monotonic())
         self.children.append(child)
         self.say(f"{spec.name}: started pid {proc.pid}, log {log_path}")

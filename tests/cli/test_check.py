@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +13,17 @@ pytest.importorskip("sglang")
 from sglang_overlap.cli.main import main  # noqa: E402
 from sglang_overlap.kernels.capabilities import package_dir  # noqa: E402
 
-TINY = Path("/tmp/tiny-dsv3")
-# ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
-MAKE_TINY = Path(os.environ.get("SGLANG_OVERLAP_SHARED", Path(__file__).resolve().parents[3]
-                                / "shared")) / "sglang-cpu" / "make_tiny_dsv3.py"
-SBO = ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2",
-       "--model-path", str(TINY), "--device", "cpu"]
 HAS_TRITON = package_dir("triton") is not None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_model() -> None:
-    if not (TINY / "config.json").is_file():
-        subprocess.run([sys.executable, str(MAKE_TINY), str(TINY)],
-                       check=True, capture_output=True)
+@pytest.fixture(scope="module")
+def model(tiny_dsv3: Path) -> list[str]:
+    return ["--model-path", str(tiny_dsv3), "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def sbo(model: list[str]) -> list[str]:
+    return ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2", *model]
 
 
 def _check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -53,38 +47,39 @@ def test_bare_check_reports_this_machine(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="per-expert needs triton for the signal GEMM")
-def test_hopper_box_picks_per_expert(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = _check(capsys, "--assume-arch", "sm90", *SBO)
+def test_hopper_box_picks_per_expert(capsys: pytest.CaptureFixture[str], sbo: list[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", *sbo)
     assert rc == 0, out
     assert out["machine"]["capability"] == [9, 0] and out["machine"]["gpu_source"] == "assumed"
     assert out["sbo"]["path"] == "per_expert"
 
 
-def test_cpu_machine_cannot_run_deepep_sbo(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = _check(capsys, "--assume-arch", "cpu", *SBO)
+def test_cpu_machine_cannot_run_deepep_sbo(capsys: pytest.CaptureFixture[str],
+                                           sbo: list[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "cpu", *sbo)
     assert rc == 1 and not out["ok"]
     assert "--assume-arch sm90" in out["sbo"]["refusal"]
 
 
-def test_forced_block_granularity_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = _check(capsys, "--assume-arch", "sm90", *SBO, "--sbo-signal-granularity", "block")
+def test_forced_block_granularity_is_refused(capsys: pytest.CaptureFixture[str],
+                                            sbo: list[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm90", *sbo, "--sbo-signal-granularity", "block")
     assert rc == 1
     assert "sgl-deep-ep 0.1.2.post1" in out["sbo"]["refusal"]
     assert "comp_signal" in out["sbo"]["refusal"]
 
 
-def test_invalid_plugin_flags_fail_with_their_names(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = _check(capsys, "--model-path", str(TINY), "--device", "cpu",
-                     "--sbo-down-gemm-overlap", "force")
+def test_invalid_plugin_flags_fail_with_their_names(capsys: pytest.CaptureFixture[str],
+                                                    model: list[str]) -> None:
+    rc, out = _check(capsys, *model, "--sbo-down-gemm-overlap", "force")
     assert rc == 1
     assert any("--sbo-down-gemm-overlap needs --enable-single-batch-overlap" in e
                for e in out["flags"]["errors"]), out["flags"]
 
 
-def test_tbo_path_is_described(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tbo_path_is_described(capsys: pytest.CaptureFixture[str], model: list[str]) -> None:
     rc, out = _check(capsys, "--assume-arch", "sm90", "--enable-two-batch-overlap",
-                     "--moe-a2a-backend", "deepep", "--tp", "2", "--model-path", str(TINY),
-                     "--device", "cpu")
+                     "--moe-a2a-backend", "deepep", "--tp", "2", *model)
     assert rc == 0, out
     assert out["tbo"]["path"].startswith("on (deepep; always)")
     assert "two-chunk at t=0.48" in out["tbo"]["path"]

@@ -1,55 +1,54 @@
 """Fixtures for tests that start real SGLang 0.5.23 servers on this CPU machine.
 
-They use the CPU kit in ../shared/sglang-cpu (a libcuda stub, a test-only CPU shim plugin, Mooncake
-over TCP and the smg router), prepared by `.ci/run` (or by hand: see the README). The kit's
-directory is $SGLANG_CPU_KIT (default /tmp/sglang-cpu). Without it the e2e tests are skipped,
-unless SGLANG_OVERLAP_REQUIRE_E2E=1 (set by .ci/run), where a missing kit is a failure.
+They use the CPU kit (tests/kit: a libcuda and a libibverbs stand-in, the test-only `cpu_shim`
+SGLang plugin, the tiny model), built once into $SGLANG_CPU_KIT (default
+~/.cache/sglang-overlap/cpu-kit), and for prefill/decode Mooncake over TCP and the smg router
+(the `test` extra). Where a piece is missing the tests are skipped with the reason, unless
+SGLANG_OVERLAP_REQUIRE_E2E=1 (set by .ci/run): then a missing piece is a failure.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from overlap_runs import OverlapRuns
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("SGLANG_OVERLAP_SHARED", REPO.parent / "shared"))
-KIT = Path(os.environ.get("SGLANG_CPU_KIT", "/tmp/sglang-cpu"))
-
-
-def _missing(reason: str) -> None:
-    if os.environ.get("SGLANG_OVERLAP_REQUIRE_E2E") == "1":
-        pytest.fail(f"e2e prerequisites missing (SGLANG_OVERLAP_REQUIRE_E2E=1): {reason}")
-    pytest.skip(reason)
-
-
-def _read_env_sh(path: Path) -> dict[str, str]:
-    """The kit's env.sh is a list of `export A=B [C=D ...]` lines; evaluate it with bash."""
-    out = subprocess.run(
-        ["bash", "-c", f"set -a; source {path}; env -0"], capture_output=True, check=True
-    ).stdout.decode()
-    base = dict(os.environ)
-    return {k: v for k, v in (e.split("=", 1) for e in out.split("\0") if "=" in e)
-            if base.get(k) != v}
+from tests.conftest import REPO, prerequisite_missing
+from tests.kit import INSTALL_HINT, Kit, KitMissing, build_kit, find_executable, pd_missing
 
 
 @pytest.fixture(scope="session")
-def sglang_cpu_env() -> dict[str, str]:
-    """Environment variables (to add to os.environ) for SGLang servers on this CPU."""
-    env_sh = KIT / "env.sh"
-    if not env_sh.is_file():
-        _missing(f"CPU kit not prepared: {env_sh} missing (run ../shared/sglang-cpu/setup.sh)")
-    env = _read_env_sh(env_sh)
-    env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+def cpu_kit() -> Kit:
+    if importlib.util.find_spec("sglang") is None or find_executable("sglang") is None:
+        prerequisite_missing(f"sglang 0.5.23 not installed: {INSTALL_HINT}")
+    try:
+        return build_kit()
+    except KitMissing as exc:
+        reason = f"CPU kit: {exc}"
+    prerequisite_missing(reason)  # outside the except: the failure shows this line alone
+    raise AssertionError("not reached")
 
 
 @pytest.fixture(scope="session")
-def gsm8k_path() -> Path:
-    path = SHARED / "data" / "gsm8k" / "test.jsonl"
-    if not path.is_file():
-        _missing(f"{path} not found")
-    return path
+def sglang_cpu_env(cpu_kit: Kit) -> dict[str, str]:
+    """Environment variables (on top of os.environ) for an SGLang server on this CPU: the kit's,
+    with this checkout first on PYTHONPATH so servers load its sglang_overlap."""
+    return cpu_kit.env(os.environ, pythonpath=[str(REPO)])
+
+
+@pytest.fixture(scope="session")
+def sglang_pd_env(sglang_cpu_env: dict[str, str]) -> dict[str, str]:
+    """sglang_cpu_env where prefill/decode disaggregation can run (Mooncake, smg)."""
+    if (reason := pd_missing()) is not None:
+        prerequisite_missing(reason)
+    return sglang_cpu_env
+
+
+@pytest.fixture(scope="session")
+def overlap_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> OverlapRuns:
+    """The servers of overlap_runs.CONFIGS, shared by the overlap and reliability tests."""
+    return OverlapRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("overlap-servers"))

@@ -20,7 +20,7 @@ from sglang_overlap.launch.supervisor import LAUNCH_ID_ENV, pids_with_launch_id
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
-READY_TIMEOUT = 420.0  # other people's servers share these 2 cores
+READY_TIMEOUT = 660.0  # past the configs' ready_timeout (600 s): the launcher says why first
 
 
 class LaunchRun:
@@ -32,8 +32,7 @@ class LaunchRun:
         self.argv = [sys.executable, "-m", "sglang_overlap", "launch", str(config),
                      "--model-path", str(model), "--log-dir", str(workdir / f"{name}-logs"),
                      *extra]
-        self.env = {**os.environ, **env, LAUNCH_ID_ENV: self.launch_id,
-                    "PYTHONPATH": str(REPO)}
+        self.env = {**os.environ, **env, LAUNCH_ID_ENV: self.launch_id}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LaunchRun:

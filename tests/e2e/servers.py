@@ -57,6 +57,13 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def kill(self) -> None:
+        """SIGKILL the server's process group now (a crashed SGLang server can take a minute to
+        notice on its own)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/health_generate", timeout=30) as r:

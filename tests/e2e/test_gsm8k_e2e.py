@@ -81,9 +81,9 @@ def _check_records(records: list[dict[str, Any]], report: dict[str, Any],
     assert report["latency_s"] > 0 and report["output_throughput"] > 0
 
 
-def test_gsm8k_compare_overlap_on_off(servers: Path, gsm8k_path: Path, tmp_path: Path) -> None:
+def test_gsm8k_compare_overlap_on_off(servers: Path, gsm8k_sample: Path, tmp_path: Path) -> None:
     dump = tmp_path / "answers.jsonl"
-    proc = _gsm8k("--url", ON_URL, "--compare-url", OFF_URL, "--data-path", str(gsm8k_path),
+    proc = _gsm8k("--url", ON_URL, "--compare-url", OFF_URL, "--data-path", str(gsm8k_sample),
                   "--num-questions", str(NUM_QUESTIONS), "--num-shots", str(NUM_SHOTS),
                   "--max-new-tokens", str(MAX_NEW_TOKENS), "--parallel", "50", "--json",
                   "--dump", str(dump))
@@ -91,7 +91,7 @@ def test_gsm8k_compare_overlap_on_off(servers: Path, gsm8k_path: Path, tmp_path:
     report = json.loads(proc.stdout)
     records = [json.loads(line) for line in dump.read_text().splitlines()]
     assert len(records) == 2 * NUM_QUESTIONS
-    examples = ev.load_examples(gsm8k_path)
+    examples = ev.load_examples(gsm8k_sample)
     _check_records(records[:NUM_QUESTIONS], report["a"], examples)
     _check_records(records[NUM_QUESTIONS:], report["b"], examples)
     assert report["a"]["url"] == ON_URL and report["b"]["url"] == OFF_URL
@@ -106,8 +106,8 @@ def test_gsm8k_compare_overlap_on_off(servers: Path, gsm8k_path: Path, tmp_path:
             servers / "off-logs" / "server.log").read_text(errors="replace")
 
 
-def test_gsm8k_single_server_text_report(servers: Path, gsm8k_path: Path) -> None:
-    proc = _gsm8k("--url", OFF_URL, "--data-path", str(gsm8k_path), "--num-questions", "2",
+def test_gsm8k_single_server_text_report(servers: Path, gsm8k_sample: Path) -> None:
+    proc = _gsm8k("--url", OFF_URL, "--data-path", str(gsm8k_sample), "--num-questions", "2",
                   "--num-shots", "2", "--max-new-tokens", "4", "--parallel", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

@@ -29,11 +29,11 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def launches(sglang_cpu_env: dict[str, str], tiny_dsv3: Path,
+def launches(sglang_pd_env: dict[str, str], tiny_dsv3: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchRun, LaunchRun]]:
     work = tmp_path_factory.mktemp("launch-pd")
-    pd = LaunchRun("pd", CONFIGS / "tiny-cpu-pd.toml", tiny_dsv3, sglang_cpu_env, work)
-    single = LaunchRun("single", CONFIGS / "tiny-cpu-single.toml", tiny_dsv3, sglang_cpu_env,
+    pd = LaunchRun("pd", CONFIGS / "tiny-cpu-pd.toml", tiny_dsv3, sglang_pd_env, work)
+    single = LaunchRun("single", CONFIGS / "tiny-cpu-single.toml", tiny_dsv3, sglang_pd_env,
                        work, extra=("--no-validate",))
     try:
         pd.start()

@@ -10,48 +10,19 @@ ranks). Every overlap server must show in its own log that the plugin's path ran
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from servers import Server
+from overlap_runs import OverlapRuns
 
 pytestmark = pytest.mark.e2e
 
-LONG = " ".join(f"The quick brown fox {i} jumps over the lazy dog {i * 7 % 10}." for i in range(40))
-BATCH = ["Hello world! What is the capital of France?", "User: hi there.", "1 + 2 = 3, 4 + 5 =",
-         "Paris is the capital of", "the and of to in is that for it", "Assistant: hello, how"]
-NEW_TOKENS = 12
-
-# float32: in bf16, a different (but equally valid) summation order flips greedy choices where
-# the top two logits are within rounding (seen: gaps <= 0.004); in float32 they do not.
-TP2 = ["--tp", "2", "--dtype", "float32"]
-A2A = [*TP2, "--moe-a2a-backend", "torch_a2a"]
-CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "single_rank": (["--tp", "1", "--dtype", "float32"], {}),
-    "plain_without_plugin": (TP2, {"SGLANG_PLUGINS": "cpu_shim"}),
-    "plain_with_plugin": (TP2, {}),
-    "a2a": (A2A, {}),
-    "tbo": ([*A2A, "--enable-two-batch-overlap"], {}),
-    "sbo": ([*A2A, "--enable-single-batch-overlap"], {}),
-    "auto": ([*A2A, "--enable-two-batch-overlap", "--enable-single-batch-overlap",
-              "--overlap-gating", "auto", "--overlap-hardware-profile", "H20"], {}),
-}
-PORT = 30200
-
 
 @pytest.fixture(scope="module")
-def runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
-         tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[list[int]], str]]:
-    """name -> (token ids of [LONG, *BATCH], the server's log). Servers run one at a time."""
-    logs = tmp_path_factory.mktemp("overlap-servers")
-    results = {}
-    for i, (name, (flags, env)) in enumerate(CONFIGS.items()):
-        server = Server(name, tiny_dsv3, PORT + i, flags,
-                        {**sglang_cpu_env, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", **env}, logs)
-        with server:
-            ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
-        results[name] = (ids, server.log_text())
-    return results
+def runs(overlap_runs: OverlapRuns) -> dict[str, tuple[list[list[int]], str]]:
+    """name -> (token ids of [LONG, *BATCH], the server's log)."""
+    return {name: (overlap_runs[name].ids, overlap_runs[name].log)
+            for name in ("single_rank", "plain_without_plugin", "plain_with_plugin", "a2a",
+                         "tbo", "sbo", "auto")}
 
 
 def _stats(log: str) -> set[str]:

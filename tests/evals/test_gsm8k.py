@@ -12,6 +12,8 @@ import json
 import math
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,9 +27,7 @@ from hypothesis import strategies as st
 from sglang_overlap.cli.main import main
 from sglang_overlap.evals import gsm8k as ev
 
-SHARED = Path(os.environ.get("SGLANG_OVERLAP_SHARED",
-                             Path(__file__).resolve().parents[3] / "shared"))
-SHARED_DATA = SHARED / "data" / "gsm8k" / "test.jsonl"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -78,12 +78,12 @@ def test_load_examples_errors(tmp_path: Path) -> None:
         ev.load_examples(nolabel)
 
 
-def test_real_data_file_parses() -> None:
-    if not SHARED_DATA.is_file():
-        pytest.skip(f"{SHARED_DATA} not present")
-    examples = ev.load_examples(SHARED_DATA)
-    assert len(examples) == 1319
+def test_shipped_sample_parses(gsm8k_sample: Path) -> None:
+    examples = ev.load_examples(gsm8k_sample)
+    assert len(examples) == 50
     assert examples[0].label == 18 and examples[0].question.startswith("Janet")
+    assert examples[49].label == 30  # the 50th problem of the public test set
+    assert "MIT License" in (gsm8k_sample.parent / "LICENSE").read_text()
 
 
 def test_paired_difference_hand_worked() -> None:
@@ -269,3 +269,82 @@ def test_cli_errors_are_one_line(extra: list[str], message: str, data_file: Path
 def test_cli_missing_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gsm8k", "--data-path", str(tmp_path / "nope.jsonl")]) == 2
     assert "GSM8K data file not found" in capsys.readouterr().err
+
+
+# --- the public test set: downloaded once, refused when not GSM8K, one line when offline ------
+
+
+class _Files(BaseHTTPRequestHandler):
+    routes: dict[str, bytes] = {}
+    hits: list[str] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        body = self.routes.get(self.path)
+        self.send_response(404 if body is None else 200)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+
+@pytest.fixture
+def files(gsm8k_sample: Path) -> Iterator[tuple[str, type]]:
+    routes = {"/test.jsonl": gsm8k_sample.read_bytes(),
+              "/portal": b"<html><body>Sign in to continue</body></html>\n"}
+    handler = type("Files", (_Files,), {"routes": routes, "hits": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+
+
+def test_fetch_downloads_once_then_reads_the_cache(files: tuple[str, type], tmp_path: Path,
+                                                   gsm8k_sample: Path) -> None:
+    url, handler = files
+    path = ev.fetch_canonical(tmp_path, url + "/test.jsonl")
+    assert path == tmp_path / "gsm8k" / "test.jsonl"
+    assert path.read_bytes() == gsm8k_sample.read_bytes()
+    assert ev.fetch_canonical(tmp_path, url + "/test.jsonl") == path
+    assert handler.hits == ["/test.jsonl"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("route", "message"), [("/portal", r"/portal is not GSM8K \("),
+                                                 ("/missing", r"/missing \(HTTP 404\)")])
+def test_fetch_refuses_and_caches_nothing(files: tuple[str, type], tmp_path: Path, route: str,
+                                          message: str) -> None:
+    url, _ = files
+    with pytest.raises(ev.EvalError, match=message) as info:
+        ev.fetch_canonical(tmp_path, url + route)
+    assert str(info.value).endswith("pass a local test.jsonl with --data-path"), info.value
+    assert "\n" not in str(info.value)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_cli_without_data_path_fetches_the_public_set_or_says_offline(
+    tmp_path: Path, gsm8k_sample: Path
+) -> None:
+    """The real public address. Offline (this project's machines and CI), the command ends with one
+    line naming the address and --data-path; online, it caches the whole test set."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_overlap", "gsm8k", "--url",
+         f"http://127.0.0.1:{_closed_port()}", "--num-questions", "2", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    notice, error = proc.stderr.strip().splitlines()
+    cache = tmp_path / "sglang-overlap" / "gsm8k"
+    assert notice == f"downloading the GSM8K test set from {ev.CANONICAL_URL} into {cache}"
+    if error.startswith("sglang-overlap gsm8k: error: cannot download GSM8K"):  # offline
+        assert error.startswith(f"sglang-overlap gsm8k: error: cannot download GSM8K from "
+                                f"{ev.CANONICAL_URL} ("), error
+        assert error.endswith("): offline? pass a local test.jsonl with --data-path"), error
+        assert not cache.exists() or list(cache.iterdir()) == []
+    else:  # online: the public test set, cached; then the closed port is the error
+        examples = ev.load_examples(cache / "test.jsonl")
+        assert len(examples) == 1319
+        lines = (cache / "test.jsonl").read_text().splitlines()
+        assert lines[:50] == gsm8k_sample.read_text().splitlines()
+        assert error.startswith("sglang-overlap gsm8k: error: cannot reach server"), error

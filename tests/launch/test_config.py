@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sglang_overlap.cli.main import main
 from sglang_overlap.launch.check_args import sglang_errors
-from sglang_overlap.launch.commands import process_specs
+from sglang_overlap.launch.commands import process_specs, program_missing
 from sglang_overlap.launch.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,6 +188,54 @@ def test_cli_dry_run_prints_exact_commands(tmp_path: Path) -> None:
     proc = _cli(str(REPO / "configs" / "tiny-cpu-pd.toml"), "--dry-run", "--no-validate",
                 "--only", "routr")
     assert proc.returncode == 2 and "no role 'routr'" in proc.stderr
+
+
+@pytest.fixture
+def no_programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine where neither sglang nor smg is installed: an empty environment bin/ and PATH."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+
+
+def test_dry_run_needs_no_program(no_programs: None, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(_write(tmp_path, PD), environ={})
+    assert [s.argv[0] for s in process_specs(cfg)] == ["sglang", "sglang", "smg"]
+    assert main(["launch", str(cfg.path), "--dry-run", "--no-validate"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("sglang serve --model-path /models/m ")
+    assert out[5].startswith("smg launch --host 127.0.0.1 --port 31503 --pd-disaggregation ")
+
+
+def test_launch_without_a_program_starts_nothing(no_programs: None, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = load_config(_write(tmp_path, PD), environ={})
+    log_dir = tmp_path / "logs"
+    assert main(["launch", str(cfg.path), "--no-validate", "--log-dir", str(log_dir)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    where = f"not found next to {tmp_path / 'bin' / 'python'} or on PATH"
+    assert err == [
+        f"sglang-overlap launch: error: prefill: 'sglang' {where} (pip install sglang==0.5.23)",
+        f"sglang-overlap launch: error: decode: 'sglang' {where} (pip install sglang==0.5.23)",
+        f"sglang-overlap launch: error: router: 'smg' {where} (pip install smg)",
+        "sglang-overlap launch: error: nothing was started",
+    ]
+    assert not log_dir.exists()
+
+
+def test_router_program_is_the_environments_smg_when_installed(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    smg = bin_dir / "smg"
+    smg.write_text("#!/bin/sh\n")
+    smg.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    cfg = load_config(_write(tmp_path, PD), environ={})
+    router = process_specs(cfg)[-1]
+    assert router.argv[0] == str(smg) and program_missing(router) is None
 
 
 @pytest.mark.skipif(not HAS_SGLANG, reason="sglang not installed")

@@ -112,6 +112,13 @@ class _Workers(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def test_a_program_that_cannot_start_is_named(sup: Supervisor, tmp_path: Path) -> None:
+    spec = ProcessSpec("router", (str(tmp_path / "no-such-smg"), "launch"))
+    with pytest.raises(LaunchFailed, match=r"^router: cannot start .*no-such-smg: \[Errno 2\]"):
+        sup.start(spec)
+    assert sup.children == []
+
+
 def test_router_ready_only_when_every_worker_is_listed_ready() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Workers)
     threading.Thread(target=server.serve_forever, daemon=True).start()

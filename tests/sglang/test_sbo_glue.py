@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -35,26 +34,14 @@ from sglang_overlap.sglang import (  # noqa: E402
 apply_plugin_signal = single_batch_overlap.apply_plugin_signal
 masked_gemm = deep_gemm_wrapper.masked_gemm
 
-TINY = Path("/tmp/tiny-dsv3")
-# ../shared beside the checkout (CI copies it there too); SGLANG_OVERLAP_SHARED overrides.
-MAKE_TINY = Path(os.environ.get("SGLANG_OVERLAP_SHARED", Path(__file__).resolve().parents[3]
-                                / "shared")) / "sglang-cpu" / "make_tiny_dsv3.py"
-BASE = ["--model-path", str(TINY), "--device", "cpu", "--tp", "2",
-        "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
+BASE = ["--device", "cpu", "--tp", "2", "--enable-single-batch-overlap",
+        "--moe-a2a-backend", "deepep"]
 INSTALLED_LEGACY = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}." \
     f"{sys.version_info.minor}" / "site-packages" / "deep_ep" / "buffers" / "legacy.py"
 
 
 @pytest.fixture(scope="module")
-def tiny_model() -> Path:
-    if not (TINY / "config.json").is_file():
-        subprocess.run([sys.executable, str(MAKE_TINY), str(TINY)],
-                       check=True, capture_output=True)
-    return TINY
-
-
-@pytest.fixture(scope="module")
-def contexts(tiny_model: Path) -> dict[str, Any]:
+def contexts(tiny_dsv3: Path) -> dict[str, Any]:
     from sglang.srt.runtime_context import create_context
 
     from sglang_overlap.sglang.server_args import parse_server_args
@@ -63,7 +50,7 @@ def contexts(tiny_model: Path) -> dict[str, Any]:
     variants = {"auto": BASE, "force": [*BASE, "--sbo-down-gemm-overlap", "force"],
                 "torch_a2a": [*BASE[:-1], "torch_a2a"]}
     for name, argv in variants.items():
-        server_args, _ = parse_server_args(argv)
+        server_args, _ = parse_server_args(["--model-path", str(tiny_dsv3), *argv])
         out[name] = create_context(server_args, role="scheduler")
     return out
 
@@ -290,7 +277,7 @@ def test_plugin_signal_layout_is_static_across_calls() -> None:
         assert seen[0] == seen[1]
 
 
-def test_hooks_resolve_in_sglang(tiny_model: Path) -> None:
+def test_hooks_resolve_in_sglang() -> None:
     """Register through SGLang's HookRegistry in a fresh process; every target is wrapped."""
     code = (
         "import inspect, logging, sys\n"
