@@ -15,12 +15,12 @@
 #       and deepep-ant/ (branch antgroup-opt @ 76f0271). Prepare from a checkout:
 #         git clone https://github.com/deepseek-ai/DeepEP .deepep/deepep-ant
 #         git -C .deepep/deepep-ant checkout 76f0271
-#       (hybrid-ep also needs the two local edits listed in ../shared/deepep/README.md: setup.py
+#       (hybrid-ep also needs two local edits: setup.py
 #       builds hybrid_ep_cpp only with BUILD_HYBRID_EP=1; deep_ep/__init__.py imports hybrid_ep
-#       optionally, adds topk_idx_t and __version__), or from the project's tarballs:
-#         tar -xzf ../shared/deepep/deepep-hybrid-ep-94a9f8f.tar.gz -C .deepep
+#       optionally, adds topk_idx_t and __version__), or from a tarball of such a tree:
+#         tar -xzf deepep-hybrid-ep-94a9f8f.tar.gz -C .deepep
 #       A prebuilt extension is used when the tree holds deep_ep_cpp*.so, or deep_ep_cpp*.so.gz
-#       (unpacked here, e.g. ../shared/deepep/prebuilt/*.so.gz copied in); otherwise the tree
+#       (unpacked here, e.g. a prebuilt *.so.gz copied in); otherwise the tree
 #       is built here in place (the recipe below, ~60 s on 16 cores, trees in parallel).
 #   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT
 set -uo pipefail
