@@ -143,6 +143,18 @@ class Deployment:
         return 1 if self.dp_attention else min(self.ep_size, self.gpus_per_node)
 
 
+def deployment_for_server(*, ep_size: int, tp_size: int, attn_dp_size: int = 1, nnodes: int = 1,
+                          two_chunk_threshold: float = 0.48) -> Deployment:
+    """The Deployment of a running server from its real parallel layout (--ep / --tp,
+    attention data parallelism, --nnodes); decode, with the defaults' context length."""
+    if tp_size < 1 or nnodes < 1 or attn_dp_size < 1:
+        raise ProfileError(f"invalid server layout: --tp {tp_size}, --nnodes {nnodes}, "
+                           f"attention DP {attn_dp_size}")
+    return Deployment(phase="decode", ep_size=max(1, ep_size),
+                      gpus_per_node=max(1, tp_size // nnodes), dp_attention=attn_dp_size > 1,
+                      two_chunk_threshold=two_chunk_threshold)
+
+
 T = TypeVar("T", HardwareProfile, ModelProfile)
 
 
@@ -252,6 +264,7 @@ __all__ = [
     "HardwareProfile",
     "ModelProfile",
     "ProfileError",
+    "deployment_for_server",
     "gpu_name_from_device",
     "load_hardware",
     "load_model",
