@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import atexit
 import logging
-import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
@@ -89,8 +89,10 @@ def gate_config(s: OverlapSettings) -> GateConfig:
 class GateRuntime:
     """This process's gate and the measurements not yet shared with the other ranks."""
 
-    def __init__(self, gate: Gate, *, sync_steps: int, cuda: bool, setup: str) -> None:
+    def __init__(self, gate: Gate, *, sync_steps: int, cuda: bool, setup: str,
+                 group: Callable[[], Any] | None = None) -> None:
         self.gate = gate
+        self.group = group or _tp_cpu_group  # the ranks that must decide alike
         self.sync_steps = sync_steps
         self.cuda = cuda
         self.setup = setup
@@ -136,7 +138,7 @@ class GateRuntime:
     def sync(self) -> None:
         """Sum every rank's new measurements and merge them (a collective: all ranks call it)."""
         self.poll()
-        vector = _all_reduce(self.local.to_vector())
+        vector = _all_reduce(self.local.to_vector(), self.group)
         self.local.clear()
         self.syncs += 1
         if any(vector):
@@ -162,15 +164,20 @@ class GateRuntime:
         }
 
 
-def _all_reduce(vector: list[int]) -> list[int]:
+def _tp_cpu_group() -> Any:
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().tp_group.cpu_group
+
+
+def _all_reduce(vector: list[int], group_of: Callable[[], Any]) -> list[int]:
+    """Element-wise sum over the group's ranks (integers: the same result on every rank)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return vector
-    from sglang.srt.runtime_context import get_parallel
-
-    group = get_parallel().tp_group.cpu_group
+    group = group_of()
     if dist.get_world_size(group) <= 1:
         return vector
     t = torch.tensor(vector, dtype=torch.int64)
@@ -234,10 +241,8 @@ def runtime() -> GateRuntime | None:
     return _runtime[0] if _runtime else None
 
 
-def reset() -> None:
-    """Forget this process's gate (tests)."""
+def set_runtime(rt: GateRuntime | None) -> None:
+    """Replace (None: forget) this process's gate runtime; for tests and embedders."""
     _runtime.clear()
-
-
-def now_us() -> float:
-    return time.perf_counter() * 1e6
+    if rt is not None:
+        _runtime.append(rt)
