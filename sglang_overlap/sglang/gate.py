@@ -97,6 +97,7 @@ class GateRuntime:
         self.cuda = cuda
         self.setup = setup
         self.local = StepTable()  # this rank's measurements since the last sync
+        self._seen: set[int] = set()  # cells timed once already (the first time is discarded)
         self.calls = 0
         self.syncs = 0
         self.pending: int | None = None  # the cell of the step decided, until its forward
@@ -122,7 +123,13 @@ class GateRuntime:
         return cell
 
     def record(self, cell: int, us: float) -> None:
-        self.local.add(cell, us)
+        """One timed step. The first of each cell in this process is dropped: it carries one-off
+        costs (allocations, kernel JIT for a new shape) the mode does not have in steady state.
+        Ranks may drop different steps; the all-reduced sums are still the same everywhere."""
+        if cell in self._seen:
+            self.local.add(cell, us)
+        else:
+            self._seen.add(cell)
 
     def push_events(self, cell: int, start: Any, end: Any) -> None:
         self._events.append((cell, start, end))
@@ -133,7 +140,7 @@ class GateRuntime:
         events = self._events
         while events and events[0][2].query():
             cell, start, end = events.popleft()
-            self.local.add(cell, start.elapsed_time(end) * 1e3)
+            self.record(cell, start.elapsed_time(end) * 1e3)
 
     def sync(self) -> None:
         """Sum every rank's new measurements and merge them (a collective: all ranks call it)."""
