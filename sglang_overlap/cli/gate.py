@@ -31,7 +31,8 @@ def tables(url: str) -> list[dict[str, Any]]:
 
 def format_table(table: dict[str, Any]) -> str:
     lines = [f"prior: {table['prior']}", f"setup: {table['setup']}",
-             f"{table['steps']} steps, {table['explored']} explored, {table['syncs']} syncs"]
+             f"{table['steps']} steps, {table['explored']} explored, {table['syncs']} syncs",
+             "steps run per mode: " + ", ".join(f"{k}={v}" for k, v in table["chosen"].items())]
     grouped: dict[tuple[str, int, int], list[str]] = {}
     for r in table["rows"]:
         lo, hi = r["tokens"]

@@ -123,6 +123,7 @@ class Gate:
         self.table = StepTable()  # the shared measurements (only `merge` changes it)
         self.steps = 0
         self.explored = 0
+        self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
         self._current: dict[str, str] = {}
         self._last: dict[str, str] = {}
         self._trials: dict[int, int] = {}  # cell -> times chosen
@@ -132,8 +133,7 @@ class Gate:
     def merge(self, vector: Sequence[int]) -> None:
         """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
         the same step on every rank."""
-        self.table.add_vector(vector)
-        self.table.cap(self.config.max_count)
+        self.table.add_vector(vector, self.config.max_count)
 
     def estimates(self, phase: str, busiest: int, mean: float,
                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
@@ -178,6 +178,8 @@ class Gate:
             self.explored += 1
             chosen, why = explore, f"exploring: {explore} measured too few times here"
         self._count_trial(phase, bucket, chosen)
+        key = (phase, chosen)
+        self.chosen[key] = self.chosen.get(key, 0) + 1
         changed = self._last.get(phase) != chosen
         self._last[phase] = chosen
         decision = GateDecision(chosen, estimates, measured, phase, busiest, mean,  # type: ignore[arg-type]

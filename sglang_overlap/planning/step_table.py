@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 PHASES = ("decode", "prefill")
 MODES = ("none", "tbo", "sbo", "two_chunk")
@@ -91,17 +92,19 @@ class StepTable:
         """Counts then totals: what ranks all-reduce (sum) to share their measurements."""
         return self.counts + self.totals
 
-    def add_vector(self, vector: Sequence[int]) -> None:
-        """Add a vector from `to_vector` (of this table's shape) to this table."""
+    def add_vector(self, vector: Sequence[int], max_count: int | None = None) -> None:
+        """Add a vector from `to_vector` (of this table's shape) to this table; with
+        `max_count`, cap the cells it touched (`cap`). Costs O(cells touched)."""
         if len(vector) != 2 * NUM_CELLS:
             raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries "
                              f"(got {len(vector)})")
         counts, totals = self.counts, self.totals
-        for i in range(NUM_CELLS):
-            c = vector[i]
-            if c:
-                counts[i] += int(c)
-                totals[i] += int(vector[NUM_CELLS + i])
+        for i in compress(range(NUM_CELLS), vector[:NUM_CELLS]):
+            n = counts[i] + int(vector[i])
+            total = totals[i] + int(vector[NUM_CELLS + i])
+            if max_count is not None and n > max_count:
+                total, n = total * max_count // n, max_count
+            counts[i], totals[i] = n, total
 
     def clear(self) -> None:
         self.counts = [0] * NUM_CELLS

@@ -165,6 +165,8 @@ class GateRuntime:
         return {
             "setup": self.setup, "prior": self.gate.prior.name, "steps": self.gate.steps,
             "explored": self.gate.explored, "syncs": self.syncs,
+            "chosen": {f"{phase}/{mode}": n
+                       for (phase, mode), n in sorted(self.gate.chosen.items())},
             "rows": [{"phase": r.phase, "tokens": [r.tokens_lo, r.tokens_hi], "mode": r.mode,
                       "count": r.count, "mean_ms": round(r.mean_us / 1e3, 4)}
                      for r in self.gate.table.rows()],

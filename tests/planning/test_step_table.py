@@ -96,3 +96,19 @@ def test_rows_and_format() -> None:
     assert [(r.phase, r.tokens_lo, r.tokens_hi, r.mode, r.count) for r in rows] == [
         ("decode", 16, 19, "none", 1), ("decode", 16, 19, "tbo", 2)]
     assert format_rows(rows) == "decode tokens 16-19: none=2.500ms x1, tbo=3.050ms x2"
+
+
+def test_add_vector_caps_only_what_it_touches() -> None:
+    t = StepTable()
+    a, b = cell_index("decode", 5, "none"), cell_index("decode", 6, "tbo")
+    for _ in range(10):
+        t.add(a, 100.0)
+    delta = StepTable()
+    for _ in range(5):
+        delta.add(b, 200.0)
+    t.add_vector(delta.to_vector(), max_count=4)
+    assert (t.count(a), t.count(b), t.mean(b)) == (10, 4, 200.0), "a untouched, b capped"
+    delta.clear()
+    delta.add(a, 1100.0)
+    t.add_vector(delta.to_vector(), max_count=4)
+    assert (t.count(a), t.totals[a]) == (4, (1000 + 1100) * 4 // 11)

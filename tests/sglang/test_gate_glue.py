@@ -239,6 +239,8 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     assert table["rows"] == [{"phase": "decode", "tokens": [8, 9], "mode": "none", "count": 1,
                               "mean_ms": 1.5}]
     assert table["prior"].startswith("flat") and result.internal_state["x"] == 1
+    rt.gate.decide("decode", [8])
+    assert rt.table()["chosen"] == {"decode/none": 1}
 
 
 # -- two real ranks: the all-reduce makes their decisions identical ------------------------------
