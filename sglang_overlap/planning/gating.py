@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sglang_overlap.planning.cost.prior import (
     ENABLABLE,
@@ -40,13 +40,14 @@ from sglang_overlap.planning.cost.prior import (
     Prior,
     token_bucket,
 )
-from sglang_overlap.planning.step_table import StepTable, cell_index, measure_bucket
+from sglang_overlap.planning.step_table import MODES, StepTable, cell_index, measure_bucket
 
 logger = logging.getLogger("sglang_overlap.gating")
 
 Mode = Literal["none", "tbo", "sbo", "two_chunk"]
 GatePhase = Literal["decode", "prefill"]
 _ORDER = {"none": 0, "tbo": 1, "sbo": 2, "two_chunk": 3}
+_OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
 HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
 EXPLORE_FLAG = "--overlap-gating-explore"
 TRIALS_FLAG = "--overlap-gating-trials"
@@ -87,8 +88,9 @@ class GateConfig:
                              f"{self.refresh_every}, {self.max_count})")
 
 
-@dataclass(frozen=True)
-class GateDecision:
+class GateDecision(NamedTuple):
+    """One step's decision (a NamedTuple: built every step, cheaply)."""
+
     mode: Mode
     estimates: Mapping[str, float]  # us per candidate: measured, or the calibrated prior
     measured: frozenset[str] = frozenset()  # the candidates whose estimate is measured
@@ -138,52 +140,60 @@ class Gate:
     def estimates(self, phase: str, busiest: int, mean: float,
                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
         """(us per candidate, the measured ones) for this load."""
-        prior = self.prior.predictions(phase, busiest, mean)
-        bucket = measure_bucket(busiest)
-        table = self.table
-        measured: dict[str, float] = {}
+        base = cell_index(phase, measure_bucket(busiest), "none")
+        return self._estimates(base, self.prior.predictions(phase, busiest, mean), candidates)
+
+    def _estimates(self, base: int, prior: Mapping[str, float],
+                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+        counts, totals = self.table.counts, self.table.totals
+        out: dict[str, float] = {}
         for m in candidates:
-            mean_us = table.mean(cell_index(phase, bucket, m))
-            if mean_us is not None:
-                measured[m] = mean_us
-        if len(measured) == len(candidates):
-            return measured, frozenset(measured)
+            cell = base + _OFFSET[m]
+            n = counts[cell]
+            if n:
+                out[m] = totals[cell] / n
+        measured = frozenset(out)
+        if len(out) == len(candidates):
+            return out, measured
         scale = 1.0
-        if measured:
-            predicted = sum(prior[m] for m in measured)
-            scale = sum(measured.values()) / predicted if predicted > 0 else 1.0
-        out = {m: measured[m] if m in measured else prior[m] * scale for m in candidates}
-        return out, frozenset(measured)
+        if out:
+            predicted = sum(prior[m] for m in out)
+            scale = sum(out.values()) / predicted if predicted > 0 else 1.0
+        return {m: out[m] if m in out else prior[m] * scale for m in candidates}, measured
 
     def decide(self, phase: GatePhase, global_tokens_per_rank: Sequence[int],
                available: frozenset[str] | None = None) -> GateDecision:
         """The mode for this step. `global_tokens_per_rank`: every DP rank's token count (the
         all-gathered `global_num_tokens`), identical on all ranks; `available`: the modes that
         can run this step (None: every candidate), identical on all ranks."""
-        if phase not in ("decode", "prefill"):
+        if phase != "decode" and phase != "prefill":
             raise ValueError(f"Gate.decide: phase must be decode or prefill (got {phase!r})")
         busiest = max(global_tokens_per_rank, default=0)
         if busiest <= 0:
             return GateDecision("none", {}, phase=phase, step=self.steps,
                                 why="idle step: every rank has 0 tokens")
         mean = sum(global_tokens_per_rank) / len(global_tokens_per_rank)
-        candidates = [m for m in self.prior.candidates(phase)
-                      if available is None or m == "none" or m in available]
+        candidates = self.prior.candidates(phase)
+        if available is not None:
+            candidates = tuple(m for m in candidates if m == "none" or m in available)
         self.steps += 1
-        estimates, measured = self.estimates(phase, busiest, mean, candidates)
         bucket = measure_bucket(busiest)
+        base = cell_index(phase, bucket, "none")
+        estimates, measured = self._estimates(
+            base, self.prior.predictions(phase, busiest, mean), candidates)
         chosen, why = self._choose(phase, estimates)
-        explore = self._exploration(phase, bucket, chosen, estimates)
+        explore = self._exploration(base, chosen, estimates)
         if explore is not None:
             self.explored += 1
-            chosen, why = explore, f"exploring: {explore} measured too few times here"
-        self._count_trial(phase, bucket, chosen)
+            chosen, why = explore, "exploring: measured too few times here"
+        self._count_trial(base, chosen)
         key = (phase, chosen)
         self.chosen[key] = self.chosen.get(key, 0) + 1
         changed = self._last.get(phase) != chosen
-        self._last[phase] = chosen
-        decision = GateDecision(chosen, estimates, measured, phase, busiest, mean,  # type: ignore[arg-type]
-                                bucket, self.steps, why, explore is not None, changed)
+        if changed:
+            self._last[phase] = chosen
+        decision = GateDecision(chosen, estimates, measured, phase, busiest,  # type: ignore[arg-type]
+                                mean, bucket, self.steps, why, explore is not None, changed)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("overlap gating: %s", decision.reason)
         return decision
@@ -192,45 +202,42 @@ class Gate:
         best = min(estimates, key=lambda m: (estimates[m], _ORDER[m]))
         current = self._current.get(phase)
         if current is None or current not in estimates:
-            chosen, why = best, ("first step of this phase" if current is None
-                                 else f"{current} cannot run this step")
-        elif best == current:
-            chosen, why = current, "still the fastest"
-        elif estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
-            chosen, why = best, f"beats {current} by more than {self.config.hysteresis:.0%}"
-        else:
-            chosen, why = current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
-        if current is None or current in estimates:
-            self._current[phase] = chosen
-        return chosen, why
+            if current is None:
+                self._current[phase] = best
+                return best, "first step of this phase"
+            return best, f"{current} cannot run this step"
+        if best == current:
+            return current, "still the fastest"
+        if estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
+            self._current[phase] = best
+            return best, f"beats {current} by more than {self.config.hysteresis:.0%}"
+        return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
-    def _exploration(self, phase: str, bucket: int, chosen: str,
-                     estimates: Mapping[str, float]) -> str | None:
+    def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float]) -> str | None:
         cfg = self.config
+        if self.explored + 1 > cfg.explore_share * self.steps:
+            return None  # the budget first: the common case costs one comparison
         if cfg.min_trials <= 0 or len(estimates) < 2:
             return None
-        if self.explored + 1 > cfg.explore_share * self.steps:
-            return None
-        base = cell_index(phase, bucket, "none")
         now = self._bucket_steps.get(base, 0)
         due = []
         for m in estimates:
             if m == chosen:
                 continue
-            cell = cell_index(phase, bucket, m)
+            cell = base + _OFFSET[m]
             trials = self._trials.get(cell, 0)
-            stale = cfg.refresh_every and now - self._last_trial.get(cell, 0) >= cfg.refresh_every
+            stale = (cfg.refresh_every > 0
+                     and now - self._last_trial.get(cell, 0) >= cfg.refresh_every)
             if trials < cfg.min_trials or stale:
                 due.append(m)
         if not due:
             return None
         return min(due, key=lambda m: (estimates[m], _ORDER[m]))
 
-    def _count_trial(self, phase: str, bucket: int, mode: str) -> None:
-        base = cell_index(phase, bucket, "none")
+    def _count_trial(self, base: int, mode: str) -> None:
         now = self._bucket_steps.get(base, 0) + 1
         self._bucket_steps[base] = now
-        cell = cell_index(phase, bucket, mode)
+        cell = base + _OFFSET[mode]
         self._trials[cell] = self._trials.get(cell, 0) + 1
         self._last_trial[cell] = now
 
