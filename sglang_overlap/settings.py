@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sglang_overlap.planning.cost.profiles import HARDWARE_PROFILES
-from sglang_overlap.planning.gating import check_hysteresis
+from sglang_overlap.planning.cost.profiles import HARDWARE_PROFILES, ProfileError, load_hardware
+from sglang_overlap.planning.gating import check_explore_share, check_hysteresis, check_trials
 from sglang_overlap.planning.sbo_layout import default_comm_num_sms
 from sglang_overlap.planning.two_chunk import check_threshold
 
@@ -77,15 +77,18 @@ class OverlapSettings:
     overlap_gating: GatingPolicy = dataclasses.field(
         default="always",
         metadata={"help": "always: run each enabled overlap mode on every eligible step. auto: per "
-                  "step, run the enabled mode the cost model predicts fastest (or none), the same "
-                  "decision on every data-parallel rank.", "upstream": False, "metavar": None},
+                  "step, run the enabled mode (or none) measured fastest for this phase and "
+                  "token count, starting from the cost model's prediction for the served model; "
+                  "the same decision on every rank.", "upstream": False, "metavar": None},
     )
-    """--overlap-gating: always on, or chosen per step by the cost model."""
+    """--overlap-gating: always on, or chosen per step from measured step times."""
 
     overlap_hardware_profile: str = dataclasses.field(
         default="auto",
-        metadata={"help": "Hardware profile for automatic decisions: auto (detect the GPU), one of "
-                  "H20, H800, H100, H200, B200, or a path to a profile JSON file written by "
+        metadata={"help": "Hardware profile of the cost model that --overlap-gating auto starts "
+                  "from: auto (detect the GPU; on a CPU or a GPU without a shipped profile, no "
+                  "prior: measurements alone decide), one of H20, H800, H100, H200, B200, "
+                  "H200-measured, or a path to a profile JSON file written by "
                   "benchmarks/calibrate.py.", "upstream": False, "metavar": "PROFILE"},
     )
     """--overlap-hardware-profile: GPU name, 'auto', or a calibrated profile file."""
@@ -93,10 +96,36 @@ class OverlapSettings:
     overlap_gating_hysteresis: float = dataclasses.field(
         default=0.03,
         metadata={"help": "With --overlap-gating auto: switch modes only when the new mode is "
-                  "predicted at least this fraction faster than the current one (0 to 0.5).",
+                  "estimated at least this fraction faster than the current one (0 to 0.5).",
                   "upstream": False, "metavar": "FRACTION"},
     )
     """--overlap-gating-hysteresis: relative margin that stops automatic gating from flapping."""
+
+    overlap_gating_explore: float = dataclasses.field(
+        default=0.05,
+        metadata={"help": "With --overlap-gating auto: at most this share of steps (0 to 0.5) "
+                  "runs a mode not yet measured often enough at that token count, to measure "
+                  "it; 0: no exploration (the prior decides until measured).",
+                  "upstream": False, "metavar": "FRACTION"},
+    )
+    """--overlap-gating-explore: cap on the share of steps spent measuring other modes."""
+
+    overlap_gating_trials: int = dataclasses.field(
+        default=3,
+        metadata={"help": "With --overlap-gating auto: steps each candidate mode runs per token "
+                  "bucket before measurements alone rank it (0 to 100).",
+                  "upstream": False, "metavar": "N"},
+    )
+    """--overlap-gating-trials: exploration trials per (phase, token bucket, mode)."""
+
+    overlap_gating_sync_steps: int = dataclasses.field(
+        default=16,
+        metadata={"help": "With --overlap-gating auto: every this many steps the ranks sum their "
+                  "new step-time measurements (one all-reduce on the CPU group), and every rank "
+                  "applies them at the same step (1 to 4096).",
+                  "upstream": False, "metavar": "STEPS"},
+    )
+    """--overlap-gating-sync-steps: how often ranks share measurements."""
 
     sbo_combine_num_sms: int = dataclasses.field(
         default=0,
@@ -225,12 +254,18 @@ def validate_settings(s: OverlapSettings, d: ServerFacts) -> list[str]:
     """Raise SettingsError naming the flags when `s` cannot work in `d`. Return warnings."""
     errors: list[str] = []
     warnings: list[str] = []
-    for check, value in ((check_threshold, s.tbo_token_distribution_threshold),
-                         (check_hysteresis, s.overlap_gating_hysteresis)):
+    checks: tuple[tuple[Any, Any], ...] = (
+        (check_threshold, s.tbo_token_distribution_threshold),
+        (check_hysteresis, s.overlap_gating_hysteresis),
+        (check_explore_share, s.overlap_gating_explore), (check_trials, s.overlap_gating_trials))
+    for check, value in checks:
         try:
             check(value)
         except ValueError as exc:
             errors.append(str(exc))
+    if not 1 <= s.overlap_gating_sync_steps <= 4096:
+        errors.append(f"--overlap-gating-sync-steps must be in [1, 4096] "
+                      f"(got {s.overlap_gating_sync_steps})")
     if s.sbo_combine_num_sms < 0:
         errors.append(f"--sbo-combine-num-sms must be >= 0 (got {s.sbo_combine_num_sms})")
     profile = s.overlap_hardware_profile
@@ -239,6 +274,11 @@ def validate_settings(s: OverlapSettings, d: ServerFacts) -> list[str]:
             f"--overlap-hardware-profile must be one of {', '.join(HARDWARE_PROFILE_CHOICES)} or a "
             f"path to a .json profile (got {profile!r})"
         )
+    elif profile != "auto" and s.overlap_gating == "auto":
+        try:  # a bad file would otherwise fail in every scheduler, after the model loaded
+            load_hardware(profile)
+        except ProfileError as exc:
+            errors.append(f"--overlap-hardware-profile {profile}: {exc}")
     has_a2a = d.moe_a2a_backend not in ("none", "", None)
     if d.moe_a2a_backend == "torch_a2a" and d.tp_size < 2:
         errors.append("--moe-a2a-backend torch_a2a needs --tp 2 or more (experts are spread over "

@@ -100,6 +100,12 @@ def test_add_arguments_twice_is_harmless() -> None:
         ({"overlap_hardware_profile": "A100"}, DEEPEP, "--overlap-hardware-profile"),
         ({"enable_two_batch_overlap": True}, ServerFacts(moe_a2a_backend="torch_a2a"),
          "torch_a2a needs --tp 2 or more"),
+        ({"overlap_gating_explore": 0.6}, DEEPEP, "--overlap-gating-explore must be in [0, 0.5]"),
+        ({"overlap_gating_trials": -1}, DEEPEP, "--overlap-gating-trials must be an integer"),
+        ({"overlap_gating_sync_steps": 0}, DEEPEP, "--overlap-gating-sync-steps must be in"),
+        ({"overlap_gating": "auto", "enable_two_batch_overlap": True,
+          "overlap_hardware_profile": "/nonexistent/p.json"}, DEEPEP,
+         "--overlap-hardware-profile /nonexistent/p.json: hardware profile file"),
     ],
 )
 def test_invalid_combinations_name_the_flags(

@@ -18,6 +18,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "args": ("sglang_overlap.cli.args", "print the plugin's server flags"),
     "launch": ("sglang_overlap.cli.launch", "start prefill/decode servers + router from a config"),
     "gsm8k": ("sglang_overlap.cli.gsm8k", "few-shot GSM8K accuracy against a running server"),
+    "bench": ("sglang_overlap.cli.bench", "SGLang's serving benchmark on one or more servers, "
+              "with ratios and CIs"),
+    "gate": ("sglang_overlap.cli.gate", "the step times a server's automatic gating learned"),
 }
 
 

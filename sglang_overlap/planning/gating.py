@@ -1,54 +1,56 @@
-"""Automatic gating (--overlap-gating auto): per step, run the enabled mode predicted fastest.
+"""Automatic gating (--overlap-gating auto): per step, run the enabled mode measured fastest.
 
-Every data-parallel rank must run the same mode in the same step (their all-to-alls pair up), so
-`Gate.decide` sees only what all ranks share after SGLang's DP synchronisation: the phase and the
-all-gathered per-rank token counts. Its hysteresis state (the mode it is in, per phase) changes
-only as a function of that shared sequence of inputs, so ranks that start together and see the
-same steps decide the same modes, step after step.
+The prior (`cost/prior.py`: the cost model for the served model, or a flat prior where no
+hardware profile applies) ranks the modes before anything is measured; measured step times
+(`step_table.py`) replace it cell by cell as they arrive. Per step, for the bucket of the
+busiest rank's token count:
 
-Hysteresis: the gate leaves its current mode only for one predicted at least `hysteresis` (a
+    estimate(mode) = measured mean                  if this bucket has measured it
+                   = prior(mode) x calibration      otherwise, where calibration is the
+                     measured / predicted ratio of the modes this bucket has measured (1 if none)
+
+Exploration: a candidate chosen fewer than `min_trials` times in a bucket (or, with
+`refresh_every`, not chosen for that many of the bucket's steps) is run once instead of the
+estimate's choice, most promising first, while explored steps stay at most `explore_share` of
+all steps. Trials count the gate's own choices, so exploration is a function of the inputs only.
+
+Same decision on every rank: every data-parallel rank must run the same mode in the same step
+(their all-to-alls pair up). `decide` sees only what all ranks share after SGLang's DP sync (the
+phase, every rank's token count, which modes can run this step), and the measurements enter only
+through `merge`, which the glue calls with the ranks' all-reduced sums at the same step on every
+rank. The rest of the state (hysteresis, trials) changes only as a function of that shared
+sequence, so ranks that start together decide the same modes, step after step.
+
+Hysteresis: the gate leaves its current mode only for one estimated at least `hysteresis` (a
 fraction) faster, so a workload hovering at a break-even point does not flap.
-
-Cost: predictions are cached per (phase, busiest rank's tokens, mean tokens) after rounding both
-to a bucket (exact below 64 tokens, then 1/16 of the power of two), so a steady workload costs
-one dict lookup per step. Plain Python; mypy --strict.
+Plain Python; mypy --strict.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from sglang_overlap.planning.cost.cost_model import predict
-from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
+from sglang_overlap.planning.cost.prior import (
+    ENABLABLE,
+    CostModelPrior,
+    FlatPrior,
+    Prior,
+    token_bucket,
+)
+from sglang_overlap.planning.step_table import MODES, StepTable, cell_index, measure_bucket
 
 logger = logging.getLogger("sglang_overlap.gating")
 
 Mode = Literal["none", "tbo", "sbo", "two_chunk"]
 GatePhase = Literal["decode", "prefill"]
-ENABLABLE = frozenset({"tbo", "sbo", "two_chunk"})
-_CACHE_LIMIT = 4096
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    mode: Mode
-    predicted_us: Mapping[str, float]  # step time of each candidate mode (none included)
-    reason: str
-
-
-def token_bucket(tokens: int) -> int:
-    """Round up to the cache granularity: exact below 64, then 16 steps per power of two."""
-    if tokens < 64:
-        return max(0, tokens)
-    step = 1 << max(0, tokens.bit_length() - 5)
-    return -(-tokens // step) * step
-
-
+_ORDER = {"none": 0, "tbo": 1, "sbo": 2, "two_chunk": 3}
+_OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
 HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
+EXPLORE_FLAG = "--overlap-gating-explore"
+TRIALS_FLAG = "--overlap-gating-trials"
 
 
 def check_hysteresis(hysteresis: float) -> None:
@@ -57,80 +59,189 @@ def check_hysteresis(hysteresis: float) -> None:
         raise ValueError(f"{HYSTERESIS_FLAG} must be in [0, 0.5] (got {hysteresis!r})")
 
 
+def check_explore_share(share: float) -> None:
+    """Raise ValueError unless 0 <= share <= 0.5."""
+    if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.5):
+        raise ValueError(f"{EXPLORE_FLAG} must be in [0, 0.5] (got {share!r}); 0 turns "
+                         "exploration off (the prior then decides until a mode is measured)")
+
+
+def check_trials(trials: int) -> None:
+    if not (isinstance(trials, int) and not isinstance(trials, bool) and 0 <= trials <= 100):
+        raise ValueError(f"{TRIALS_FLAG} must be an integer in [0, 100] (got {trials!r})")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    hysteresis: float = 0.03
+    min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
+    explore_share: float = 0.05  # explored steps stay at most this share of all steps
+    refresh_every: int = 0  # re-try a mode not chosen for this many of a bucket's steps (0: no)
+    max_count: int = 64  # measurements per cell before older ones fade (StepTable.cap)
+
+    def __post_init__(self) -> None:
+        check_hysteresis(self.hysteresis)
+        check_explore_share(self.explore_share)
+        check_trials(self.min_trials)
+        if self.refresh_every < 0 or self.max_count < 1:
+            raise ValueError(f"GateConfig: refresh_every >= 0 and max_count >= 1 (got "
+                             f"{self.refresh_every}, {self.max_count})")
+
+
+class GateDecision(NamedTuple):
+    """One step's decision (a NamedTuple: built every step, cheaply)."""
+
+    mode: Mode
+    estimates: Mapping[str, float]  # us per candidate: measured, or the calibrated prior
+    measured: frozenset[str] = frozenset()  # the candidates whose estimate is measured
+    phase: str = "decode"
+    busiest: int = 0
+    mean: float = 0.0
+    bucket: int = 0
+    step: int = 0  # the gate's step counter (same on every rank)
+    why: str = ""
+    explored: bool = False
+    changed: bool = False  # mode differs from this phase's previous decision
+
+    @property
+    def predicted_us(self) -> Mapping[str, float]:
+        return self.estimates
+
+    @property
+    def reason(self) -> str:
+        times = ", ".join(f"{m}={t / 1e3:.3f}ms{'' if m in self.measured else '(prior)'}"
+                          for m, t in sorted(self.estimates.items()))
+        return (f"step {self.step} {self.phase} busiest={self.busiest} mean={self.mean:.1f} "
+                f"tokens/rank: {self.mode} ({self.why}); {times}")
+
+
 class Gate:
     """Chooses a mode per step from shared data; one instance per rank, fed the same inputs."""
 
-    def __init__(self, model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
-                 enabled: frozenset[str], hysteresis: float) -> None:
-        unknown = sorted(set(enabled) - ENABLABLE)
-        if unknown:
-            raise ValueError(f"Gate: unknown modes {unknown}; enable a subset of "
-                             f"{sorted(ENABLABLE)}")
-        check_hysteresis(hysteresis)
-        self.model, self.hw, self.deploy = model, hw, deploy
-        self.enabled = frozenset(enabled)
-        self.hysteresis = hysteresis
+    def __init__(self, prior: Prior, config: GateConfig | None = None) -> None:
+        self.prior = prior
+        self.config = config or GateConfig()
+        self.enabled = prior.enabled
+        self.table = StepTable()  # the shared measurements (only `merge` changes it)
+        self.steps = 0
+        self.explored = 0
+        self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
         self._current: dict[str, str] = {}
-        self._cache: dict[tuple[str, int, int], dict[str, float]] = {}
+        self._last: dict[str, str] = {}
+        self._trials: dict[int, int] = {}  # cell -> times chosen
+        self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
+        self._bucket_steps: dict[int, int] = {}  # cell of mode "none" -> steps in the bucket
 
-    def _candidates(self, phase: str) -> tuple[str, ...]:
-        if phase == "decode":
-            return ("none", *(m for m in ("tbo", "sbo") if m in self.enabled))
-        # Prefill: only token counts are shared, not sequence lengths, so the split is priced as
-        # balanced halves (what two-chunk guarantees; plain TBO gets it when boundaries allow).
-        return ("none", "two_chunk") if self.enabled & {"tbo", "two_chunk"} else ("none",)
+    def merge(self, vector: Sequence[int]) -> None:
+        """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
+        the same step on every rank."""
+        self.table.add_vector(vector, self.config.max_count)
 
-    def _label(self, phase: str, mode: str) -> str:
-        if phase == "prefill" and mode == "two_chunk" and "two_chunk" not in self.enabled:
-            return "tbo"
-        return mode
+    def estimates(self, phase: str, busiest: int, mean: float,
+                  candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+        """(us per candidate, the measured ones) for this load."""
+        base = cell_index(phase, measure_bucket(busiest), "none")
+        return self._estimates(base, self.prior.predictions(phase, busiest, mean), candidates)
 
-    def predictions(self, phase: GatePhase, busiest: int, mean: float) -> dict[str, float]:
-        """Predicted step time (us) per candidate mode for this load (cached by bucket)."""
-        key = (phase, token_bucket(busiest), token_bucket(int(mean + 0.5)))
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        tokens = key[1]
-        if phase == "decode":
-            per_seq = self.deploy.tokens_per_seq
-            tokens = max(per_seq, -(-tokens // per_seq) * per_seq)
-        deploy = dataclasses.replace(self.deploy, phase=phase, tokens_per_gpu=max(1, tokens))
-        modes = self._candidates(phase)
-        pred = predict(self.model, self.hw, deploy, modes, moe_tokens=float(max(1, key[2])),
-                       timelines=False)
-        result = {self._label(phase, m): e.step_us for m, e in pred.estimates.items()
-                  if e.applicable}
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = result
-        return result
+    def _estimates(self, base: int, prior: Mapping[str, float],
+                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+        counts, totals = self.table.counts, self.table.totals
+        out: dict[str, float] = {}
+        for m in candidates:
+            cell = base + _OFFSET[m]
+            n = counts[cell]
+            if n:
+                out[m] = totals[cell] / n
+        measured = frozenset(out)
+        if len(out) == len(candidates):
+            return out, measured
+        scale = 1.0
+        if out:
+            predicted = sum(prior[m] for m in out)
+            scale = sum(out.values()) / predicted if predicted > 0 else 1.0
+        return {m: out[m] if m in out else prior[m] * scale for m in candidates}, measured
 
-    def decide(self, phase: GatePhase, global_tokens_per_rank: Sequence[int]) -> GateDecision:
+    def decide(self, phase: GatePhase, global_tokens_per_rank: Sequence[int],
+               available: frozenset[str] | None = None) -> GateDecision:
         """The mode for this step. `global_tokens_per_rank`: every DP rank's token count (the
-        all-gathered `global_num_tokens`), identical on all ranks."""
-        if phase not in ("decode", "prefill"):
+        all-gathered `global_num_tokens`), identical on all ranks; `available`: the modes that
+        can run this step (None: every candidate), identical on all ranks."""
+        if phase != "decode" and phase != "prefill":
             raise ValueError(f"Gate.decide: phase must be decode or prefill (got {phase!r})")
         busiest = max(global_tokens_per_rank, default=0)
         if busiest <= 0:
-            return GateDecision("none", {}, "idle step: every rank has 0 tokens")
+            return GateDecision("none", {}, phase=phase, step=self.steps,
+                                why="idle step: every rank has 0 tokens")
         mean = sum(global_tokens_per_rank) / len(global_tokens_per_rank)
-        predicted = self.predictions(phase, busiest, mean)
-        best = min(predicted, key=lambda m: (predicted[m], m != "none"))
-        current = self._current.get(phase)
-        if current not in predicted:
-            chosen, why = best, "first step of this phase" if current is None else \
-                f"{current} does not apply"
-        elif best == current:
-            chosen, why = current, "still the fastest"
-        elif predicted[best] <= predicted[current] * (1.0 - self.hysteresis):
-            chosen, why = best, f"beats {current} by more than {self.hysteresis:.0%}"
-        else:
-            chosen, why = current, f"{best} is within the {self.hysteresis:.0%} hysteresis"
-        self._current[phase] = chosen
-        times = ", ".join(f"{m}={t / 1e3:.2f}ms" for m, t in sorted(predicted.items()))
-        reason = (f"{phase} busiest={busiest} mean={mean:.1f} tokens/rank: {chosen} ({why}); "
-                  f"predicted step {times}")
+        candidates = self.prior.candidates(phase)
+        if available is not None:
+            candidates = tuple(m for m in candidates if m == "none" or m in available)
+        self.steps += 1
+        bucket = measure_bucket(busiest)
+        base = cell_index(phase, bucket, "none")
+        estimates, measured = self._estimates(
+            base, self.prior.predictions(phase, busiest, mean), candidates)
+        chosen, why = self._choose(phase, estimates)
+        explore = self._exploration(base, chosen, estimates)
+        if explore is not None:
+            self.explored += 1
+            chosen, why = explore, "exploring: measured too few times here"
+        self._count_trial(base, chosen)
+        key = (phase, chosen)
+        self.chosen[key] = self.chosen.get(key, 0) + 1
+        changed = self._last.get(phase) != chosen
+        if changed:
+            self._last[phase] = chosen
+        decision = GateDecision(chosen, estimates, measured, phase, busiest,  # type: ignore[arg-type]
+                                mean, bucket, self.steps, why, explore is not None, changed)
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("overlap gating: %s", reason)
-        return GateDecision(chosen, predicted, reason)  # type: ignore[arg-type]
+            logger.debug("overlap gating: %s", decision.reason)
+        return decision
+
+    def _choose(self, phase: str, estimates: Mapping[str, float]) -> tuple[str, str]:
+        best = min(estimates, key=lambda m: (estimates[m], _ORDER[m]))
+        current = self._current.get(phase)
+        if current is None or current not in estimates:
+            if current is None:
+                self._current[phase] = best
+                return best, "first step of this phase"
+            return best, f"{current} cannot run this step"
+        if best == current:
+            return current, "still the fastest"
+        if estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
+            self._current[phase] = best
+            return best, f"beats {current} by more than {self.config.hysteresis:.0%}"
+        return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
+
+    def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float]) -> str | None:
+        cfg = self.config
+        if self.explored + 1 > cfg.explore_share * self.steps:
+            return None  # the budget first: the common case costs one comparison
+        if cfg.min_trials <= 0 or len(estimates) < 2:
+            return None
+        now = self._bucket_steps.get(base, 0)
+        due = []
+        for m in estimates:
+            if m == chosen:
+                continue
+            cell = base + _OFFSET[m]
+            trials = self._trials.get(cell, 0)
+            stale = (cfg.refresh_every > 0
+                     and now - self._last_trial.get(cell, 0) >= cfg.refresh_every)
+            if trials < cfg.min_trials or stale:
+                due.append(m)
+        if not due:
+            return None
+        return min(due, key=lambda m: (estimates[m], _ORDER[m]))
+
+    def _count_trial(self, base: int, mode: str) -> None:
+        now = self._bucket_steps.get(base, 0) + 1
+        self._bucket_steps[base] = now
+        cell = base + _OFFSET[mode]
+        self._trials[cell] = self._trials.get(cell, 0) + 1
+        self._last_trial[cell] = now
+
+
+__all__ = ["ENABLABLE", "CostModelPrior", "FlatPrior", "Gate", "GateConfig", "GateDecision",
+           "GatePhase", "Mode", "check_explore_share", "check_hysteresis", "check_trials",
+           "token_bucket"]

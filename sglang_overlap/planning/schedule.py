@@ -175,6 +175,10 @@ def _two_batch_tasks(costs: tuple[StageCosts, StageCosts], layers: int, decode: 
         for name, stream, dur in stage:
             if stream == "comm":
                 in_flight[mb] = b.add(name, stream, mb, layer, dur, chain=False)
+                exposed = costs[mb].a2a_exposed * dur
+                if exposed > 0:  # the part of the transfer the other micro-batch cannot hide
+                    b.add(f"{name}_wait", "compute", mb, layer, exposed,
+                          after_start=((in_flight[mb], 0.0),))
             elif name.endswith("_recv"):
                 b.add(name, stream, mb, layer, dur, after=(b.last[mb], in_flight.pop(mb)))
             else:

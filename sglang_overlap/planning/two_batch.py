@@ -16,11 +16,13 @@ Plain Python on ints; no torch, no sglang.
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
+from operator import add, sub
+from typing import NamedTuple
 
-from sglang_overlap.planning.two_chunk import check_threshold, plan_extend_split
+from sglang_overlap.planning.two_chunk import check_threshold, plan_extend_split, prefix_sums
 
 
 class ForwardKind(str, Enum):
@@ -32,9 +34,11 @@ class ForwardKind(str, Enum):
     IDLE = "idle"
 
 
-@dataclass(frozen=True)
-class ChildPlan:
-    """One micro-batch: ranges into the parent batch and the per-sequence lengths it sees."""
+class ChildPlan(NamedTuple):
+    """One micro-batch: ranges into the parent batch and the per-sequence lengths it sees.
+
+    A NamedTuple (immutable, compared by value) rather than a frozen dataclass: it is built
+    twice per planned step, and a tuple is built several times faster."""
 
     seq_start: int  # [seq_start, seq_end) into the parent's sequences
     seq_end: int
@@ -59,8 +63,7 @@ class ChildPlan:
         return self.padded_len - self.num_tokens
 
 
-@dataclass(frozen=True)
-class TwoBatchPlan:
+class TwoBatchPlan(NamedTuple):
     """The split of one batch into children A (`children[0]`) and B (`children[1]`)."""
 
     kind: ForwardKind
@@ -75,11 +78,15 @@ def _padded(num_tokens: int, attn_tp_size: int) -> int:
 
 
 def _check_lens(name: str, lens: Sequence[int], expected_len: int | None) -> tuple[int, ...]:
-    values = tuple(lens)
+    values = lens if type(lens) is tuple else tuple(lens)
     if expected_len is not None and len(values) != expected_len:
         raise ValueError(f"{name} has {len(values)} entries, expected {expected_len}")
-    if values and min(values) < 0:
-        raise ValueError(f"{name} must be non-negative; got {name}={list(values)}")
+    try:  # an unsigned array refuses negatives in one C loop: half the time of min() at bs 256
+        array("Q", values)
+    except OverflowError:
+        raise ValueError(f"{name} must be non-negative; got {name}={list(values)}") from None
+    except TypeError:
+        raise ValueError(f"{name} must be integers; got {name}={list(values)}") from None
     return values
 
 
@@ -103,7 +110,8 @@ def plan_two_batch(
     get () without it, which keeps decode planning O(1)). idle: num_tokens must be 0.
     Raises ValueError naming the offending value for inconsistent inputs.
     """
-    kind = ForwardKind(kind)
+    if type(kind) is not ForwardKind:
+        kind = ForwardKind(kind)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0; got {num_tokens=}")
     if attn_tp_size < 1:
@@ -133,15 +141,11 @@ def plan_two_batch(
         return plan
     lens = _check_lens("seq_lens", seq_lens, num_seqs)
     a, b = plan.children
-    return TwoBatchPlan(
-        kind, plan.split_seq_index, plan.split_token_index, False,
-        (_with_seq_lens(a, lens[: a.seq_end]), _with_seq_lens(b, lens[b.seq_start:])),
-    )
-
-
-def _with_seq_lens(child: ChildPlan, seq_lens: tuple[int, ...]) -> ChildPlan:
-    return ChildPlan(child.seq_start, child.seq_end, child.token_start, child.token_end,
-                     (), (), seq_lens, child.padded_len)
+    split = plan.split_seq_index
+    return TwoBatchPlan(kind, split, plan.split_token_index, False, (
+        ChildPlan(0, split, 0, a.token_end, (), (), lens[:split], a.padded_len),
+        ChildPlan(split, b.seq_end, b.token_start, b.token_end, (), (), lens[split:],
+                  b.padded_len)))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -164,28 +168,31 @@ def _extend_inputs(
     extend_lens: Sequence[int],
     extend_prefix_lens: Sequence[int] | None,
     seq_lens: Sequence[int] | None,
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """Validated (extend_lens, prefix_lens, seq_lens) with the missing ones derived."""
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[int]]:
+    """Validated (extend_lens, prefix_lens, seq_lens, prefix sums of extend_lens) with the
+    missing ones derived."""
     ext = _check_lens("extend_lens", extend_lens, None)
     n = len(ext)
-    if num_tokens < sum(ext):
-        raise ValueError(f"num_tokens={num_tokens} is less than sum(extend_lens)={sum(ext)}")
+    cum = prefix_sums(ext)
+    if num_tokens < cum[n]:
+        raise ValueError(f"num_tokens={num_tokens} is less than sum(extend_lens)={cum[n]}")
     given_seq = None if seq_lens is None else _check_lens("seq_lens", seq_lens, n)
     if extend_prefix_lens is not None:
         prefix = _check_lens("extend_prefix_lens", extend_prefix_lens, n)
+        seq = tuple(map(add, prefix, ext))
     elif given_seq is not None:
-        prefix = tuple(s - e for s, e in zip(given_seq, ext, strict=True))
+        prefix = tuple(map(sub, given_seq, ext))
         if prefix and min(prefix) < 0:
             raise ValueError(f"seq_lens must be >= extend_lens per sequence; got "
                              f"seq_lens={list(given_seq)}, extend_lens={list(ext)}")
+        seq = given_seq
     else:
-        prefix = (0,) * n
-    seq = tuple(p + e for p, e in zip(prefix, ext, strict=True))
+        prefix, seq = (0,) * n, ext
     if given_seq is not None and given_seq != seq:
         raise ValueError(f"seq_lens must equal extend_prefix_lens + extend_lens; got "
                          f"seq_lens={list(given_seq)}, extend_prefix_lens={list(prefix)}, "
                          f"extend_lens={list(ext)}")
-    return ext, prefix, seq
+    return ext, prefix, seq, cum
 
 
 def _plan_extend(
@@ -196,9 +203,9 @@ def _plan_extend(
     threshold: float,
     attn_tp_size: int,
 ) -> TwoBatchPlan:
-    ext, prefix, seq = _extend_inputs(num_tokens, extend_lens, extend_prefix_lens, seq_lens)
+    ext, prefix, seq, cum = _extend_inputs(num_tokens, extend_lens, extend_prefix_lens, seq_lens)
     n = len(ext)
-    split = plan_extend_split(ext, threshold)
+    split = plan_extend_split(ext, threshold, cum)
     s, tok = split.seq_index, split.token_index
     pad_a, pad_b = _padded(tok, attn_tp_size), _padded(num_tokens - tok, attn_tp_size)
     if not split.two_chunk:

@@ -13,8 +13,10 @@ Plain Python on ints; no torch, no sglang.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 THRESHOLD_FLAG = "--tbo-token-distribution-threshold"
 
@@ -42,38 +44,52 @@ def check_threshold(threshold: float) -> None:
         )
 
 
+def prefix_sums(extend_lens: Sequence[int]) -> list[int]:
+    """[0, l0, l0 + l1, ..., total]: every boundary's left token count, in one C-speed pass."""
+    return list(accumulate(extend_lens, initial=0))
+
+
+def _balanced_from_cum(cum: list[int]) -> int:
+    """`balanced_split_index` on prefix sums (len n + 1), by bisection."""
+    n = len(cum) - 1
+    if n < 2:
+        return 0
+    total = cum[n]
+    # first boundary j in [1, n) whose left half holds at least half the tokens (d(j) >= 0)
+    j = bisect_left(cum, (total + 1) // 2, 1, n)
+    if j == n:  # every boundary leaves less than half on the left: |d| falls to the last one
+        return n - 1
+    if j > 1 and total - 2 * cum[j - 1] < 2 * cum[j] - total:
+        return j - 1
+    return bisect_right(cum, cum[j], j, n) - 1  # ties (zero-length requests): the latest
+
+
 def balanced_split_index(extend_lens: Sequence[int]) -> int:
     """The sequence boundary i in 1..n-1 with the smallest |sum(lens[:i]) - sum(lens[i:])|.
 
-    Ties go to the later boundary; 0 when there are fewer than two sequences. The walk stops as
-    soon as the difference grows: with non-negative lengths, d(i) = 2*sum(lens[:i]) - total is
-    non-decreasing in i, so once |d| has grown, d > 0 and every later |d| is at least as large;
-    the early stop therefore still returns a global minimum (the tests check this by brute force).
+    Ties go to the later boundary; 0 when there are fewer than two sequences (upstream walks the
+    boundaries and stops as soon as the difference grows). With non-negative lengths
+    d(i) = 2*sum(lens[:i]) - total is non-decreasing in i, so |d| falls, then rises: the minimum
+    sits next to where d turns non-negative, found by bisection on the prefix sums (the tests
+    check this against a brute force).
     """
-    total = sum(extend_lens)
-    left = 0
-    best_diff = total + 1  # larger than any |d|
-    best_index = 0
-    for i in range(1, len(extend_lens)):
-        left += extend_lens[i - 1]
-        diff = abs(2 * left - total)
-        if diff <= best_diff:
-            best_diff = diff
-            best_index = i
-        else:
-            break
-    return best_index
+    return _balanced_from_cum(prefix_sums(extend_lens))
+
+
+def _cum_half_from_cum(cum: list[int]) -> int:
+    k = bisect_right(cum, cum[-1] // 2, 1)
+    return k - 1 if k < len(cum) else 0
 
 
 def cum_half_index(extend_lens: Sequence[int]) -> int:
     """The first sequence whose running token sum exceeds total // 2 (0 if none does)."""
-    half = sum(extend_lens) // 2
-    left = 0
-    for i, n in enumerate(extend_lens):
-        left += n
-        if left > half:
-            return i
-    return 0
+    return _cum_half_from_cum(prefix_sums(extend_lens))
+
+
+def _wants(cum: list[int], threshold: float) -> bool:
+    total = cum[-1]
+    left = cum[_balanced_from_cum(cum)]
+    return left < total * threshold or left > total * (1 - threshold)
 
 
 def wants_two_chunk(extend_lens: Sequence[int], threshold: float) -> bool:
@@ -82,9 +98,20 @@ def wants_two_chunk(extend_lens: Sequence[int], threshold: float) -> bool:
     The comparison is done in floats exactly as upstream does, so borderline batches agree.
     """
     check_threshold(threshold)
-    total = sum(extend_lens)
-    left = sum(extend_lens[: balanced_split_index(extend_lens)])
-    return left < total * threshold or left > total * (1 - threshold)
+    return _wants(prefix_sums(extend_lens), threshold)
+
+
+def _cut_from_cum(extend_lens: Sequence[int], cum: list[int],
+                  threshold: float) -> TwoChunkCut | None:
+    if not _wants(cum, threshold):
+        return None
+    half = cum[-1] // 2
+    seq_index = _cum_half_from_cum(cum)
+    if seq_index + 1 > half:
+        return None  # upstream's guard: child A would hold more sequences than query tokens
+    left_len = half - cum[seq_index]
+    return TwoChunkCut(seq_index=seq_index, token_index=half, left_len=left_len,
+                       right_len=extend_lens[seq_index] - left_len)
 
 
 def plan_two_chunk_cut(extend_lens: Sequence[int], threshold: float) -> TwoChunkCut | None:
@@ -95,20 +122,8 @@ def plan_two_chunk_cut(extend_lens: Sequence[int], threshold: float) -> TwoChunk
     request). The returned cut may have `left_len == 0` (the cut falls on a sequence boundary);
     `plan_extend_split` turns that into a boundary split.
     """
-    if not wants_two_chunk(extend_lens, threshold):
-        return None
-    total = sum(extend_lens)
-    half = total // 2
-    seq_index = cum_half_index(extend_lens)
-    if seq_index + 1 > half:
-        return None  # upstream's guard: child A would hold more sequences than query tokens
-    left_len = half - sum(extend_lens[:seq_index])
-    return TwoChunkCut(
-        seq_index=seq_index,
-        token_index=half,
-        left_len=left_len,
-        right_len=extend_lens[seq_index] - left_len,
-    )
+    check_threshold(threshold)
+    return _cut_from_cum(extend_lens, prefix_sums(extend_lens), threshold)
 
 
 @dataclass(frozen=True)
@@ -121,18 +136,22 @@ class ExtendSplit:
     left_len: int  # two-chunk: tokens of request seq_index in child A (>= 1); 0 otherwise
 
 
-def plan_extend_split(extend_lens: Sequence[int], threshold: float) -> ExtendSplit:
+def plan_extend_split(extend_lens: Sequence[int], threshold: float,
+                      cum: list[int] | None = None) -> ExtendSplit:
     """The TBO split of an extend batch: balanced sequence boundary, or a two-chunk cut.
 
     (seq_index, token_index) always equal upstream's (compute_split_seq_index,
     compute_split_token_index). Only `two_chunk` differs, in one case: a cut with no tokens left
     for child A is planned as the boundary split at the same indices (see the module docstring).
+    `cum`: the prefix sums of `extend_lens` when the caller has them (`prefix_sums`).
     """
-    cut = plan_two_chunk_cut(extend_lens, threshold)
+    check_threshold(threshold)
+    cum = prefix_sums(extend_lens) if cum is None else cum
+    cut = _cut_from_cum(extend_lens, cum, threshold) if threshold > 0 else None
     if cut is not None:
         return ExtendSplit(cut.seq_index, cut.token_index, cut.left_len > 0, cut.left_len)
-    seq_index = balanced_split_index(extend_lens)
-    return ExtendSplit(seq_index, sum(extend_lens[:seq_index]), False, 0)
+    seq_index = _balanced_from_cum(cum)
+    return ExtendSplit(seq_index, cum[seq_index], False, 0)
 
 
 __all__ = [
@@ -144,5 +163,6 @@ __all__ = [
     "cum_half_index",
     "plan_extend_split",
     "plan_two_chunk_cut",
+    "prefix_sums",
     "wants_two_chunk",
 ]

@@ -6,6 +6,8 @@ One file per upstream module hooked (what a maintainer diffs when SGLang is upgr
     operations.py            ...batch_overlap.operations: the TBO step marker around upstream
     operations_strategy.py   ...batch_overlap.operations_strategy: CPU prefill strategy
     dp_attn.py               ...managers.scheduler_components.dp_attn: --overlap-gating auto
+    model_runner.py          ...model_executor.model_runner: the gate built at start, steps timed
+    internal_state.py        ...managers.scheduler_components.internal_state: the learned table
     forward_batch_info.py    ...model_executor.forward_batch_info: CPU padding fill value
     deepep_dispatcher.py     ...layers.moe.token_dispatcher.deepep: torch_a2a impls, SBO combine
     ep_moe.py                ...layers.moe.ep_moe.layer: torch_a2a experts
@@ -17,6 +19,6 @@ Shared by them:
     guard.py         the SGLang version / hook-target check run by register()
     state.py         the one settings reader, the TBO-step marker, SM counts
     sbo_decision.py  the SBO path of this process (from the installed kernels)
-    gate.py          the per-step gate (--overlap-gating auto)
+    gate.py          the per-step gate (--overlap-gating auto), its measurements and sync
     torch_a2a.py     the torch_a2a dispatcher impls
 """

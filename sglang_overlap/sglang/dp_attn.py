@@ -1,8 +1,12 @@
 """Hook on `sglang.srt.managers.scheduler_components.dp_attn`: --overlap-gating auto per step.
 
 `_update_gather_batch` (BEFORE): after SGLang's DP sync every rank holds the same global token
-counts and TBO verdict; the gate (`gate.py`) turns TBO off for the step when another mode (or
-none) is predicted faster. Same inputs on every rank, same decision: collectives never mismatch.
+counts, forward modes and TBO verdict. The gate (`gate.py`) first shares measurements when due
+(`tick`: a collective, reached at the same call on every rank, since every rank runs this hook
+for the same steps), then picks the mode of this step; TBO is turned off for the step when
+another mode (or none) is chosen. Same inputs on every rank, same decision: collectives never
+mismatch. Every change of mode is logged at INFO with the step number, so the ranks' logs can
+be compared line for line.
 """
 
 from __future__ import annotations
@@ -11,15 +15,33 @@ import logging
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.sglang import state
-from sglang_overlap.sglang.gate import gate
+from sglang_overlap.sglang import gate, state
 from sglang_overlap.sglang.hooks import HookSpec
 
 logger = logging.getLogger("sglang_overlap")
 
 UPDATE_GATHER_BATCH = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
 
-_last_mode: dict[str, str] = {}
+_PREFILL_MODES: set[int] = set()
+
+
+def _prefill_modes() -> set[int]:
+    if not _PREFILL_MODES:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        _PREFILL_MODES.update(m.value for m in ForwardMode
+                              if m.is_extend() and not m.is_target_verify())
+    return _PREFILL_MODES
+
+
+def step_phase(mlp_sync_info: Any) -> str:
+    """prefill when any rank extends (not target-verify), else decode: from gathered data."""
+    mode = mlp_sync_info.global_forward_mode
+    if mode is not None:
+        return "prefill" if int(mode) in _prefill_modes() else "decode"
+    info = mlp_sync_info.tp0_info_cpu  # column 5: every rank's local forward mode
+    modes = info[:, 5].tolist() if info is not None else []
+    return "prefill" if any(m in _prefill_modes() for m in modes) else "decode"
 
 
 def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None:
@@ -28,23 +50,21 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     s = state.settings()
     if s.overlap_gating != "auto" or kwargs.get("skip_global_metadata"):
         return
-    if mlp_sync_info.tbo_split_seq_index is None and not s.enable_single_batch_overlap:
-        return
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    mode = mlp_sync_info.global_forward_mode
-    extend = mode is not None and ForwardMode(mode).is_extend() and not (
-        ForwardMode(mode).is_target_verify())
+    rt = gate.runtime()
+    if rt is None:
+        return  # no model runner started a gate in this process (not a serving scheduler)
+    rt.tick()
+    phase = step_phase(mlp_sync_info)
+    available: set[str] = {"sbo"} if s.enable_single_batch_overlap else set()
+    if mlp_sync_info.tbo_split_seq_index is not None:
+        available |= {"tbo", "two_chunk"}
     tokens = list(mlp_sync_info.global_num_tokens or [mlp_sync_info.num_tokens])
-    phase = "prefill" if extend else "decode"
-    decision = gate().decide(phase, tokens)
+    decision = rt.gate.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
+    rt.expect(decision)
     state.set_step_mode(decision.mode)
     stats.count(f"gate_{decision.mode}")
-    if _last_mode.get(phase) != decision.mode:
-        _last_mode[phase] = decision.mode
+    if decision.changed:
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
-    else:
-        logger.debug("sglang-overlap gate: %s", decision.reason)
     if decision.mode not in ("tbo", "two_chunk"):
         mlp_sync_info.tbo_split_seq_index = None
         mlp_sync_info.global_forward_mode = None

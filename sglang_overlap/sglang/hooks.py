@@ -46,6 +46,8 @@ GLUE_MODULES: tuple[str, ...] = (
     "operations",  # sglang.srt.batch_overlap.operations
     "operations_strategy",  # sglang.srt.batch_overlap.operations_strategy
     "dp_attn",  # sglang.srt.managers.scheduler_components.dp_attn
+    "model_runner",  # sglang.srt.model_executor.model_runner
+    "internal_state",  # sglang.srt.managers.scheduler_components.internal_state
     "forward_batch_info",  # sglang.srt.model_executor.forward_batch_info
     "deepep_dispatcher",  # sglang.srt.layers.moe.token_dispatcher.deepep
     "ep_moe",  # sglang.srt.layers.moe.ep_moe.layer

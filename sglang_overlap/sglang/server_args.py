@@ -86,7 +86,52 @@ def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> Non
     for warning in _validate(settings, server_facts(args)):
         logger.warning("sglang-overlap: %s", warning)
     _refuse_unavailable_sbo_path(settings, args)
+    _refuse_unsupported_gated_model(settings, args)
     setattr(result, state.SETTINGS_ATTR, settings)
+
+
+def hf_config_dict(model_path: str, revision: str | None = None,
+                   trust_remote_code: bool = False) -> dict[str, Any] | None:
+    """The served model's HF config as a plain dict, read without the network (a local
+    directory, or the HF cache); None when it cannot be read here."""
+    import json
+    import os
+
+    path = os.path.join(model_path, "config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+        return data
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=True,
+                                            trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - any failure here only defers the check to the scheduler
+        return None
+    return dict(config.to_dict())
+
+
+def _refuse_unsupported_gated_model(settings: OverlapSettings, args: argparse.Namespace) -> None:
+    """--overlap-gating auto prices the served model: refuse one the cost model cannot describe
+    now, naming the missing config field (the scheduler checks again on the loaded config)."""
+    if settings.overlap_gating != "auto":
+        return
+    from sglang_overlap.planning.cost.model_config import model_from_hf_config
+    from sglang_overlap.planning.cost.profiles import ProfileError
+
+    model_path = str(getattr(args, "model_path", "") or "")
+    config = hf_config_dict(model_path, getattr(args, "revision", None),
+                            bool(getattr(args, "trust_remote_code", False)))
+    if config is None:
+        logger.info("sglang-overlap: config of %s not readable before start-up; the gate checks "
+                    "the loaded model's config instead", model_path)
+        return
+    try:
+        model_from_hf_config(config)
+    except ProfileError as exc:
+        raise SettingsError(f"sglang-overlap: --overlap-gating auto cannot model {model_path}: "
+                            f"{exc}") from None
 
 
 def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: argparse.Namespace) -> None:

@@ -142,3 +142,29 @@ def test_every_task_respects_its_stream_order(mode: str) -> None:
     for task, seg in zip(tasks, segs, strict=True):
         for dep in task.after:
             assert seg.start_us >= segs[dep].end_us - 1e-9, f"{mode=} {task=}"
+
+
+# LMSYS 2025-05-05 (96 x H100): prefill input tokens/s per node at 1K / 2K / 4K prompts, TBO on
+LMSYS_PREFILL_PER_NODE = {1024: 57674, 2048: 54543, 4096: 50302}
+
+
+@pytest.mark.parametrize("prompt", sorted(LMSYS_PREFILL_PER_NODE))
+def test_prefill_matches_lmsys_large_scale_ep(prompt: int) -> None:
+    deploy = Deployment(phase="prefill", ep_size=32, gpus_per_node=8, dp_attention=True,
+                        tokens_per_gpu=16384, context_len=prompt)
+    est = predict(DSV3, load_hardware("H100"), deploy, ("none", "two_chunk"),
+                  timelines=False).estimates["two_chunk"]
+    per_node = 8 * est.throughput_per_gpu
+    assert abs(per_node / LMSYS_PREFILL_PER_NODE[prompt] - 1) <= 0.03, f"{prompt=} {per_node=}"
+    assert 0.27 <= est.gain_vs_none <= 0.35, f"{prompt=} TBO gain {est.gain_vs_none=}"
+
+
+def test_prefill_calibration_is_prefill_only() -> None:
+    flat = dataclasses.replace(H20, prefill_compute_scale=1.0, prefill_a2a_exposed=0.0)
+    assert predict(DSV3, flat, SEED).estimates["sbo"].step_us == \
+        predict(DSV3, H20, SEED).estimates["sbo"].step_us
+    pre = dataclasses.replace(SEED, phase="prefill", tokens_per_gpu=8192)
+    slow, fast = (predict(DSV3, hw, pre, ("none", "tbo"), timelines=False).estimates
+                  for hw in (H20, flat))
+    assert slow["none"].step_us > 1.3 * fast["none"].step_us
+    assert slow["tbo"].gain_vs_none < fast["tbo"].gain_vs_none

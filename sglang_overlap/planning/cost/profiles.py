@@ -14,6 +14,10 @@ Where the numbers come from (each file's "source" key says it again):
   H200-measured efficiencies scaled by their own datasheet rates, not measurements of their own.
 - Network efficiencies and latencies come from DeepEP's published low-latency numbers (H800, CX7
   400 Gb/s); `benchmarks/calibrate.py` measures them on a machine with more than one GPU.
+- Prefill calibration (optional keys, defaults below): `prefill_compute_scale` (1.5: achieved
+  prefill compute over its roofline estimate) and `prefill_a2a_exposed` (0.2: share of a prefill
+  all-to-all that TBO cannot hide), fitted to LMSYS's 96 x H100 DeepSeek-V3 prefill results; the
+  residual error per phase is tabulated in `cost_model.py`.
 
 Plain Python (no torch, no sglang); mypy --strict.
 """
@@ -40,6 +44,10 @@ MODEL_NAMES = ("deepseek-v3", "qwen3-235b-a22b")
 MODEL_ALIASES = {
     "deepseek-r1": "deepseek-v3", "dsv3": "deepseek-v3", "qwen3-235b": "qwen3-235b-a22b",
 }
+
+
+PREFILL_COMPUTE_SCALE = 1.5
+PREFILL_A2A_EXPOSED = 0.2
 
 
 class ProfileError(ValueError):
@@ -72,6 +80,9 @@ class HardwareProfile:
     sbo_comm_sms: int  # SMs the SBO combine send takes from the down GEMM (3 Hopper, 32 Blackwell)
     deepep_normal_sms: int  # SMs DeepEP normal mode holds while it runs (taken from TBO GEMMs)
     source: str = ""
+    # Prefill calibration (fitted to LMSYS's 96 x H100 DeepSeek-V3 prefill, cost_model.py):
+    prefill_compute_scale: float = PREFILL_COMPUTE_SCALE  # prefill compute / its roofline estimate
+    prefill_a2a_exposed: float = PREFILL_A2A_EXPOSED  # share of a prefill all-to-all TBO can't hide
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,18 @@ class Deployment:
     def attn_tp_size(self) -> int:
         """Attention tensor parallelism: 1 with DP attention, else the GPUs of a node."""
         return 1 if self.dp_attention else min(self.ep_size, self.gpus_per_node)
+
+
+def deployment_for_server(*, ep_size: int, tp_size: int, attn_dp_size: int = 1, nnodes: int = 1,
+                          two_chunk_threshold: float = 0.48) -> Deployment:
+    """The Deployment of a running server from its real parallel layout (--ep / --tp,
+    attention data parallelism, --nnodes); decode, with the defaults' context length."""
+    if tp_size < 1 or nnodes < 1 or attn_dp_size < 1:
+        raise ProfileError(f"invalid server layout: --tp {tp_size}, --nnodes {nnodes}, "
+                           f"attention DP {attn_dp_size}")
+    return Deployment(phase="decode", ep_size=max(1, ep_size),
+                      gpus_per_node=max(1, tp_size // nnodes), dp_attention=attn_dp_size > 1,
+                      two_chunk_threshold=two_chunk_threshold)
 
 
 T = TypeVar("T", HardwareProfile, ModelProfile)
@@ -252,6 +275,7 @@ __all__ = [
     "HardwareProfile",
     "ModelProfile",
     "ProfileError",
+    "deployment_for_server",
     "gpu_name_from_device",
     "load_hardware",
     "load_model",

@@ -88,6 +88,7 @@ class StageCosts:
     combine_recv: float
     output: float  # residual add, post-attention norm
     sbo_units: int  # units the SBO down GEMM signals (combine streams them)
+    a2a_exposed: float = 0.0  # share of each transfer that blocks the compute stream under TBO
 
 
 def _attention(model: ModelProfile, hw: HardwareProfile, mb: MicroBatch, tp: int,
@@ -190,15 +191,19 @@ def stage_costs(model: ModelProfile, hw: HardwareProfile, deploy: Deployment, mb
     d_local, d_remote = _traffic(model, deploy, moe_t, fp8_row, low_latency)
     c_local, c_remote = _traffic(model, deploy, moe_t, h * 2.0, low_latency)
     kernel = hw.a2a_kernel_us
+    # Prefill's achieved compute is slower than these rooflines (fitted per GPU profile: the
+    # efficiencies come from decode-shaped GEMMs); transfers are not scaled.
+    x = hw.prefill_compute_scale if deploy.phase == "prefill" else 1.0
     return StageCosts(
-        attn_prep=prep, attn_core=core, gate=gate, shared=shared,
+        attn_prep=x * prep, attn_core=x * core, gate=x * gate, shared=x * shared,
         dispatch_send=kernel, dispatch_xfer=transfer_us(hw, d_local, d_remote),
-        dispatch_recv=kernel + memory_kernel_us(hw, rows * fp8_row, kernels=0),
-        gate_up=gate_up, act=act, down=down, down_sbo=down_sbo,
+        dispatch_recv=kernel + x * memory_kernel_us(hw, rows * fp8_row, kernels=0),
+        gate_up=x * gate_up, act=x * act, down=x * down, down_sbo=x * down_sbo,
         combine_send=kernel, combine_xfer=transfer_us(hw, c_local, c_remote),
-        combine_recv=kernel + memory_kernel_us(hw, t * model.topk * h * 2.0, kernels=0),
-        output=memory_kernel_us(hw, 3.0 * t * h * 2, kernels=1),
+        combine_recv=kernel + x * memory_kernel_us(hw, t * model.topk * h * 2.0, kernels=0),
+        output=x * memory_kernel_us(hw, 3.0 * t * h * 2, kernels=1),
         sbo_units=sbo_units,
+        a2a_exposed=hw.prefill_a2a_exposed if deploy.phase == "prefill" else 0.0,
     )
 
 
@@ -208,7 +213,8 @@ def dense_layer_us(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
     prep, core = _attention(model, hw, mb, deploy.attn_tp_size, None)
     t, h, inter = mb.num_tokens, model.hidden, model.dense_intermediate
     mlp = grouped_gemm_us(hw, 1, t, 2 * inter, h) + grouped_gemm_us(hw, 1, t, h, inter)
-    return prep + core + mlp + memory_kernel_us(hw, t * 3.0 * inter + 3.0 * t * h * 2, 2)
+    x = hw.prefill_compute_scale if deploy.phase == "prefill" else 1.0
+    return x * (prep + core + mlp + memory_kernel_us(hw, t * 3.0 * inter + 3.0 * t * h * 2, 2))
 
 
 def head_us(model: ModelProfile, hw: HardwareProfile, tokens: int) -> float:

@@ -1,0 +1,123 @@
+"""What the gate believes before it has measured: each candidate mode's predicted step time.
+
+Two priors, same interface (`candidates(phase)` and `predictions(phase, busiest, mean)`):
+- `CostModelPrior`: the cost model (`cost_model.predict`) for the served model, on a GPU
+  profile, cached per (phase, busiest rank's tokens, mean tokens) bucket (`token_bucket`: exact
+  below 64 tokens, then 16 steps per power of two), so a steady workload costs a dict lookup.
+- `FlatPrior`: no opinion (every candidate predicted equal); ties go to no overlap, and the
+  gate's measurements decide. What `--overlap-hardware-profile auto` means where no GPU profile
+  applies (a CPU, or a GPU without a shipped profile).
+
+Candidates: decode runs none, TBO, SBO (whichever are enabled); prefill runs none and the TBO
+split, labelled two_chunk when two-chunk is enabled (TBO otherwise). Prefill is priced as
+balanced halves: only token counts are shared between ranks, not sequence lengths.
+Plain Python; mypy --strict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Protocol
+
+from sglang_overlap.planning.cost.cost_model import predict
+from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
+
+ENABLABLE = frozenset({"tbo", "sbo", "two_chunk"})
+_CACHE_LIMIT = 4096
+
+
+def token_bucket(tokens: int) -> int:
+    """Round up to the cache granularity: exact below 64, then 16 steps per power of two."""
+    if tokens < 64:
+        return max(0, tokens)
+    step = 1 << max(0, tokens.bit_length() - 5)
+    return -(-tokens // step) * step
+
+
+def candidate_modes(phase: str, enabled: frozenset[str]) -> tuple[str, ...]:
+    """The modes the gate chooses among in `phase`, as labelled in its decisions."""
+    if phase == "decode":
+        return ("none", *(m for m in ("tbo", "sbo") if m in enabled))
+    if enabled & {"tbo", "two_chunk"}:
+        return ("none", "two_chunk" if "two_chunk" in enabled else "tbo")
+    return ("none",)
+
+
+def check_enabled(enabled: frozenset[str]) -> frozenset[str]:
+    unknown = sorted(set(enabled) - ENABLABLE)
+    if unknown:
+        raise ValueError(f"Gate: unknown modes {unknown}; enable a subset of "
+                         f"{sorted(ENABLABLE)}")
+    return frozenset(enabled)
+
+
+class Prior(Protocol):
+    name: str
+    enabled: frozenset[str]
+
+    def candidates(self, phase: str) -> tuple[str, ...]: ...
+
+    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+        """Predicted step time (us) of every candidate mode at this load."""
+        ...
+
+
+class FlatPrior:
+    """Every candidate predicted equal (1 us): the measurements alone decide."""
+
+    def __init__(self, enabled: frozenset[str], why: str = "no hardware profile") -> None:
+        self.enabled = check_enabled(enabled)
+        self.name = f"flat ({why})"
+        self._flat = {p: dict.fromkeys(candidate_modes(p, self.enabled), 1.0)
+                      for p in ("decode", "prefill")}
+
+    def candidates(self, phase: str) -> tuple[str, ...]:
+        return tuple(self._flat[phase])
+
+    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+        return self._flat[phase]
+
+
+class CostModelPrior:
+    """The cost model's prediction for the served model on one hardware profile."""
+
+    def __init__(self, model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
+                 enabled: frozenset[str]) -> None:
+        self.model, self.hw, self.deploy = model, hw, deploy
+        self.enabled = check_enabled(enabled)
+        self.name = f"cost model ({model.name} on {hw.name})"
+        self._cands = {p: candidate_modes(p, self.enabled) for p in ("decode", "prefill")}
+        self._cache: dict[tuple[str, int, int], dict[str, float]] = {}
+
+    def candidates(self, phase: str) -> tuple[str, ...]:
+        return self._cands[phase]
+
+    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+        key = (phase, token_bucket(busiest), token_bucket(int(mean + 0.5)))
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        tokens = key[1]
+        if phase == "decode":
+            per_seq = self.deploy.tokens_per_seq
+            tokens = max(per_seq, -(-tokens // per_seq) * per_seq)
+        deploy = dataclasses.replace(self.deploy, tokens_per_gpu=max(1, tokens),
+                                     phase="decode" if phase == "decode" else "prefill")
+        # The cost model names the prefill split two_chunk (balanced halves); label it as the
+        # gate does.
+        modes = ["two_chunk" if m == "tbo" and phase == "prefill" else m
+                 for m in self._cands[phase]]
+        pred = predict(self.model, self.hw, deploy, modes, moe_tokens=float(max(1, key[2])),
+                       timelines=False)
+        label = dict(zip(modes, self._cands[phase], strict=True))
+        result = {label[m]: e.step_us for m, e in pred.estimates.items()
+                  if m in label and e.applicable}
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+
+__all__ = ["ENABLABLE", "CostModelPrior", "FlatPrior", "Prior", "candidate_modes",
+           "check_enabled", "token_bucket"]

@@ -1,0 +1,154 @@
+"""Measured step times per (phase, token bucket, mode): what the gate learns from the server.
+
+A `StepTable` is a fixed grid of integer cells, the same shape in every process, so that ranks
+can sum their tables with one all-reduce of a flat int64 vector (`to_vector` / `add_vector`):
+integer sums do not depend on the order ranks are added in, so every rank ends up with the same
+table, bit for bit. Each cell holds a count and a total in microseconds.
+
+Buckets: `measure_bucket(tokens)` is exact below 4 tokens, then 4 buckets per power of two
+(each at most 25% wide), 96 buckets in all; the last one (from 7 x 2^22 tokens) takes everything
+above. Coarser than the cost model's cache buckets on purpose: each bucket must be measured, so
+fewer buckets learn faster.
+
+Recency: `cap(max_count)` scales a cell whose count passed `max_count` back to it (integer
+arithmetic, identical on every rank), so old measurements fade and a drifting workload (longer
+contexts, other traffic) is followed.
+
+Plain Python; mypy --strict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import compress
+
+PHASES = ("decode", "prefill")
+MODES = ("none", "tbo", "sbo", "two_chunk")
+NUM_BUCKETS = 96
+_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+_MODE_INDEX = {m: i for i, m in enumerate(MODES)}
+NUM_CELLS = len(PHASES) * NUM_BUCKETS * len(MODES)
+
+
+def measure_bucket(tokens: int) -> int:
+    """Bucket index of a step with `tokens` tokens on its busiest rank (0 <= index < 96)."""
+    if tokens < 4:
+        return max(0, tokens)
+    e = tokens.bit_length() - 1
+    index = 4 * (e - 2) + (tokens >> (e - 2))  # tokens >> (e - 2) is in 4..7
+    return index if index < NUM_BUCKETS else NUM_BUCKETS - 1
+
+
+def bucket_bounds(index: int) -> tuple[int, int]:
+    """The token counts [lo, hi] that fall in bucket `index` (hi is open-ended for the last)."""
+    if not 0 <= index < NUM_BUCKETS:
+        raise ValueError(f"bucket index must be in [0, {NUM_BUCKETS}) (got {index})")
+    if index < 4:
+        return index, index
+    e, top = divmod(index, 4)
+    lo = (4 + top) << (e - 1)
+    hi = ((5 + top) << (e - 1)) - 1
+    return lo, (1 << 62) if index == NUM_BUCKETS - 1 else hi
+
+
+def cell_index(phase: str, bucket: int, mode: str) -> int:
+    return (_PHASE_INDEX[phase] * NUM_BUCKETS + bucket) * len(MODES) + _MODE_INDEX[mode]
+
+
+@dataclass(frozen=True)
+class TableRow:
+    phase: str
+    bucket: int
+    tokens_lo: int
+    tokens_hi: int
+    mode: str
+    count: int
+    mean_us: float
+
+
+class StepTable:
+    """Counts and microsecond totals per cell; `mean` reads one cell."""
+
+    __slots__ = ("counts", "totals")
+
+    def __init__(self) -> None:
+        self.counts = [0] * NUM_CELLS
+        self.totals = [0] * NUM_CELLS
+
+    def add(self, cell: int, us: float) -> None:
+        """One measured step (`cell` from `cell_index`)."""
+        self.counts[cell] += 1
+        self.totals[cell] += int(us + 0.5)
+
+    def count(self, cell: int) -> int:
+        return self.counts[cell]
+
+    def mean(self, cell: int) -> float | None:
+        n = self.counts[cell]
+        return self.totals[cell] / n if n else None
+
+    def to_vector(self) -> list[int]:
+        """Counts then totals: what ranks all-reduce (sum) to share their measurements."""
+        return self.counts + self.totals
+
+    def add_vector(self, vector: Sequence[int], max_count: int | None = None) -> None:
+        """Add a vector from `to_vector` (of this table's shape) to this table; with
+        `max_count`, cap the cells it touched (`cap`). Costs O(cells touched)."""
+        if len(vector) != 2 * NUM_CELLS:
+            raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries "
+                             f"(got {len(vector)})")
+        counts, totals = self.counts, self.totals
+        for i in compress(range(NUM_CELLS), vector[:NUM_CELLS]):
+            n = counts[i] + int(vector[i])
+            total = totals[i] + int(vector[NUM_CELLS + i])
+            if max_count is not None and n > max_count:
+                total, n = total * max_count // n, max_count
+            counts[i], totals[i] = n, total
+
+    def clear(self) -> None:
+        self.counts = [0] * NUM_CELLS
+        self.totals = [0] * NUM_CELLS
+
+    def empty(self) -> bool:
+        return not any(self.counts)
+
+    def cap(self, max_count: int) -> None:
+        """Scale every cell with more than `max_count` steps back to `max_count` (same mean)."""
+        if max_count < 1:
+            raise ValueError(f"max_count must be >= 1 (got {max_count})")
+        for i, n in enumerate(self.counts):
+            if n > max_count:
+                self.totals[i] = self.totals[i] * max_count // n
+                self.counts[i] = max_count
+
+    def rows(self) -> list[TableRow]:
+        """Every measured cell, by phase, bucket and mode."""
+        out: list[TableRow] = []
+        for phase in PHASES:
+            for bucket in range(NUM_BUCKETS):
+                for mode in MODES:
+                    cell = cell_index(phase, bucket, mode)
+                    n = self.counts[cell]
+                    if n:
+                        lo, hi = bucket_bounds(bucket)
+                        out.append(TableRow(phase, bucket, lo, hi, mode, n,
+                                            self.totals[cell] / n))
+        return out
+
+
+def format_rows(rows: Iterable[TableRow]) -> str:
+    """One line per (phase, bucket): every measured mode's mean step time and count."""
+    grouped: dict[tuple[str, int, int, int], list[TableRow]] = {}
+    for r in rows:
+        grouped.setdefault((r.phase, r.bucket, r.tokens_lo, r.tokens_hi), []).append(r)
+    lines = []
+    for (phase, _, lo, hi), cells in grouped.items():
+        span = f"{lo}" if lo == hi else f"{lo}-{hi if hi < (1 << 62) else 'inf'}"
+        body = ", ".join(f"{c.mode}={c.mean_us / 1e3:.3f}ms x{c.count}" for c in cells)
+        lines.append(f"{phase} tokens {span}: {body}")
+    return "\n".join(lines)
+
+
+__all__ = ["MODES", "NUM_BUCKETS", "NUM_CELLS", "PHASES", "StepTable", "TableRow",
+           "bucket_bounds", "cell_index", "format_rows", "measure_bucket"]

@@ -1,0 +1,289 @@
+"""The gate's glue on the real SGLang 0.5.23 modules (CPU): how --overlap-hardware-profile is
+resolved at start-up, launcher refusals, the hooked `_update_gather_batch`, the forward timer,
+the learned table in the internal state, and the all-reduce that makes ranks decide alike (two
+real gloo processes)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sglang.srt.managers.scheduler_components.dp_attn",
+                    reason="sglang 0.5.23 is not installed")
+
+from sglang.srt.managers.scheduler_components import dp_attn as upstream_dp_attn  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior  # noqa: E402
+from sglang_overlap.planning.cost.profiles import (  # noqa: E402
+    Deployment,
+    ProfileError,
+    load_model,
+)
+from sglang_overlap.planning.gating import Gate, GateConfig  # noqa: E402
+from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
+from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
+from sglang_overlap.sglang import dp_attn, gate, internal_state, model_runner, state  # noqa: E402
+from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+AUTO = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True,
+                       requested_a2a_backend="torch_a2a", overlap_gating="auto")
+DSV3 = load_model("deepseek-v3")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _plugins_loaded() -> None:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+@pytest.fixture()
+def auto_settings():
+    state.configure(AUTO)
+    yield AUTO
+    state.configure(None)
+    gate.set_runtime(None)
+
+
+# -- --overlap-hardware-profile, resolved at start-up ---------------------------------------------
+
+def test_auto_on_cpu_is_a_flat_prior_and_says_so() -> None:
+    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cpu", device_name=None)
+    assert isinstance(prior, FlatPrior)
+    assert "--overlap-hardware-profile auto on device 'cpu'" in how and "measurements" in how
+
+
+def test_auto_on_a_known_gpu_is_its_cost_model() -> None:
+    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
+                                    device_name="NVIDIA H200")
+    assert isinstance(prior, CostModelPrior) and prior.hw.name == "H200" and "H200" in how
+
+
+def test_auto_on_an_unknown_gpu_falls_back_deliberately() -> None:
+    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
+                                    device_name="NVIDIA A100-SXM4-80GB")
+    assert isinstance(prior, FlatPrior)
+    assert "no shipped profile for 'NVIDIA A100-SXM4-80GB'" in how and "calibrate.py" in how
+
+
+def test_named_and_bad_profiles(tmp_path: Path) -> None:
+    s = OverlapSettings(**{**AUTO.to_dict(), "overlap_hardware_profile": "H20"})
+    prior, _ = gate.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
+    assert isinstance(prior, CostModelPrior) and prior.hw.name == "H20"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"base": "H20", "num_sms": "many"}))
+    s = OverlapSettings(**{**AUTO.to_dict(), "overlap_hardware_profile": str(bad)})
+    with pytest.raises(ProfileError, match=f"--overlap-hardware-profile {bad}: .*num_sms"):
+        gate.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
+
+
+# -- refusals in the launcher ------------------------------------------------------------------
+
+TP2_AUTO = ["--tp", "2", "--moe-a2a-backend", "torch_a2a", "--enable-two-batch-overlap",
+            "--overlap-gating", "auto"]
+
+
+def _model_dir(tmp_path: Path, config: dict[str, Any]) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_unsupported_model_is_refused_at_start_up_naming_the_field(tmp_path: Path) -> None:
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+             "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+             "vocab_size": 100}
+    path = _model_dir(tmp_path, llama)
+    with pytest.raises(SettingsError, match="missing field 'n_routed_experts'") as info:
+        parse_server_args(["--model-path", str(path), *TP2_AUTO])
+    assert "--overlap-gating auto cannot model" in str(info.value)
+    # without auto gating the same model is no business of the gate
+    parse_server_args(["--model-path", str(path), *TP2_AUTO[:-2]])
+
+
+def test_bad_hardware_profile_is_refused_at_start_up(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="--overlap-hardware-profile /nonexistent/x.json"):
+        parse_server_args(["--model-path", "/nonexistent/m", *TP2_AUTO,
+                           "--overlap-hardware-profile", "/nonexistent/x.json"])
+
+
+# -- the hooks on the real modules ---------------------------------------------------------------
+
+def test_gate_step_runs_inside_sglang() -> None:
+    target = upstream_dp_attn._update_gather_batch
+    hooks = [c.cell_contents for c in target.__closure__ or ()]
+    assert dp_attn.gate_step in hooks and inspect.unwrap(target) is not target
+
+
+def test_model_runner_and_internal_state_hooks_are_installed() -> None:
+    from sglang.srt.managers.scheduler_components.internal_state import (
+        SchedulerInternalStateController,
+    )
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    for fn, ours in ((ModelRunner.forward, model_runner.timed_forward),
+                     (ModelRunner.initialize, model_runner.start_gate),
+                     (SchedulerInternalStateController.get_internal_state,
+                      internal_state.add_gate_table)):
+        hooks = [c.cell_contents for c in fn.__closure__ or ()]
+        assert ours in hooks, f"{fn.__qualname__} runs {hooks}"
+
+
+def _sync_info(mode: ForwardMode, tokens: int, tbo_split: int | None) -> Any:
+    info = upstream_dp_attn.MLPSyncBatchInfo(
+        num_dp_ranks=1, tp_size=2, cp_size=1, num_tokens=tokens, num_tokens_for_logprob=tokens,
+        can_run_decode_cuda_graph=False, can_run_draft_cuda_graph=False,
+        can_run_prefill_cuda_graph=False, is_extend_in_batch=mode.is_extend(),
+        local_can_run_tbo=True, local_forward_mode=mode.value)
+    info.finalize_local()
+    info.tbo_split_seq_index = tbo_split
+    info.global_forward_mode = mode.value if tbo_split is not None else None
+    return info
+
+
+def _runtime(prior: Any, **cfg: Any) -> gate.GateRuntime:
+    return gate.GateRuntime(Gate(prior, GateConfig(**cfg)), sync_steps=4, cuda=False,
+                            setup="test")
+
+
+def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> None:
+    # A prior that says TBO wins decode, none wins prefill: the hooked upstream function keeps
+    # TBO's split for decode and clears it for prefill (and reads the phase from the gathered
+    # forward modes when TBO cannot run, where global_forward_mode is None).
+    class Prior:
+        name, enabled = "test", frozenset({"tbo", "sbo"})
+
+        def candidates(self, phase: str) -> tuple[str, ...]:
+            return ("none", "tbo", "sbo") if phase == "decode" else ("none", "tbo")
+
+        def predictions(self, phase: str, busiest: int, mean: float) -> dict[str, float]:
+            return ({"none": 10.0, "tbo": 5.0, "sbo": 9.0} if phase == "decode"
+                    else {"none": 10.0, "tbo": 20.0})
+
+    rt = _runtime(Prior(), min_trials=0)
+    gate.set_runtime(rt)
+    caplog.set_level(logging.INFO, logger="sglang_overlap")
+    batch = SimpleNamespace()
+    info = _sync_info(ForwardMode.DECODE, 8, tbo_split=4)
+    upstream_dp_attn._update_gather_batch(batch, info, True)
+    assert batch.tbo_split_seq_index == 4 and state.step_mode() == "tbo"
+    assert rt.pending == cell_index("decode", measure_bucket(8), "tbo")
+    info = _sync_info(ForwardMode.EXTEND, 300, tbo_split=1)
+    upstream_dp_attn._update_gather_batch(batch, info, True)
+    assert batch.tbo_split_seq_index is None and batch.global_forward_mode is None
+    assert state.step_mode() == "none"
+    info = _sync_info(ForwardMode.DECODE, 8, tbo_split=None)  # TBO cannot run: SBO next best
+    upstream_dp_attn._update_gather_batch(batch, info, True)
+    assert state.step_mode() == "sbo"
+    lines = [r.getMessage() for r in caplog.records if "sglang-overlap gate:" in r.getMessage()]
+    assert [line.split(" (")[0] for line in lines] == [
+        "sglang-overlap gate: decode -> tbo", "sglang-overlap gate: prefill -> none",
+        "sglang-overlap gate: decode -> sbo"], lines
+    assert "step 1 decode busiest=8" in lines[0]
+
+
+def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
+    rt = _runtime(FlatPrior(frozenset({"tbo"})))
+    gate.set_runtime(rt)
+    runner = SimpleNamespace(is_draft_worker=False)
+    calls = []
+
+    def forward(self: Any, batch: Any) -> str:
+        calls.append(batch)
+        return "out"
+
+    assert model_runner.timed_forward(forward, runner, "b0") == "out"  # nothing decided
+    assert rt.local.empty()
+    d = rt.gate.decide("decode", [8])
+    rt.expect(d)
+    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), "draft")
+    assert rt.local.empty() and rt.pending is not None, "draft forwards are not the step"
+    model_runner.timed_forward(forward, runner, "b1")
+    cell = cell_index("decode", measure_bucket(8), "none")
+    assert rt.local.empty() and rt.pending is None, "the first step of a cell is dropped"
+    rt.expect(rt.gate.decide("decode", [8]))
+    model_runner.timed_forward(forward, runner, "b2")
+    assert rt.local.count(cell) == 1 and calls == ["b0", "draft", "b1", "b2"]
+    model_runner.timed_forward(forward, runner, "b3")
+    assert rt.local.count(cell) == 1, "one decision, one timed forward"
+
+
+def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None:
+    rt = _runtime(FlatPrior(frozenset({"tbo"})))
+    gate.set_runtime(rt)
+    cell = cell_index("decode", measure_bucket(8), "none")
+    rt.record(cell, 9999.0)  # dropped: the first of its cell
+    rt.record(cell, 1500.0)
+    for _ in range(3):
+        rt.tick()
+    assert rt.gate.table.count(cell) == 0 and rt.local.count(cell) == 1
+    rt.tick()  # the 4th call syncs (no process group here: this rank's sums are the sums)
+    assert rt.gate.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
+    result = SimpleNamespace(internal_state={"x": 1})
+    internal_state.add_gate_table(result)
+    table = result.internal_state[internal_state.KEY]
+    assert table["rows"] == [{"phase": "decode", "tokens": [8, 9], "mode": "none", "count": 1,
+                              "mean_ms": 1.5}]
+    assert table["prior"].startswith("flat") and result.internal_state["x"] == 1
+    rt.gate.decide("decode", [8])
+    assert rt.table()["chosen"] == {"decode/none": 1}
+
+
+# -- two real ranks: the all-reduce makes their decisions identical ------------------------------
+
+RANK = textwrap.dedent("""
+    import json, os, random, sys
+    import torch.distributed as dist
+    sys.path.insert(0, os.environ["REPO"])
+    from sglang_overlap.planning.cost.prior import FlatPrior
+    from sglang_overlap.planning.gating import Gate, GateConfig
+    from sglang_overlap.sglang.gate import GateRuntime
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=2)
+    rt = GateRuntime(Gate(FlatPrior(frozenset({"tbo", "sbo"})), GateConfig(explore_share=0.2)),
+                     sync_steps=5, cuda=False, setup="t", group=lambda: dist.group.WORLD)
+    rng = random.Random(rank)  # each rank times the same steps differently
+    truth = {"none": 1000.0, "tbo": 1300.0, "sbo": 950.0}
+    out = []
+    for step in range(300):
+        rt.tick()
+        d = rt.gate.decide("decode", [16 + (step // 50)])
+        rt.expect(d)
+        cell = rt.take_pending()
+        rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
+        out.append(d.reason)
+    print(json.dumps(out))
+""")
+
+
+def test_two_ranks_decide_identically_through_the_all_reduce(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "REPO": str(ROOT), "INIT": f"tcp://127.0.0.1:{port}"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    seqs = [json.loads(o) for o, _ in outs]
+    assert seqs[0] == seqs[1]
+    modes = [r.split(": ")[1].split(" ")[0] for r in seqs[0]]
+    assert modes[-40:] == ["sbo"] * 40, modes
