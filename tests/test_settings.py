@@ -136,7 +136,9 @@ def test_two_chunk_enabled() -> None:
 
 
 @pytest.mark.parametrize("profile", ["H200-measured", "H20", "auto", "my-node.json"])
-def test_every_shipped_hardware_profile_is_accepted(profile: str) -> None:
+def test_every_shipped_hardware_profile_is_accepted(profile: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-node.json").write_text('{"base": "H200", "source": "calibrated here"}')
     s = OverlapSettings(enable_two_batch_overlap=True, overlap_gating="auto",
                         overlap_hardware_profile=profile)
     assert validate_settings(s, ServerFacts(moe_a2a_backend="deepep")) == []
