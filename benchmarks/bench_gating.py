@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -199,16 +198,15 @@ def file_lock(path: str) -> Iterator[None]:
 
 
 def _kit_env() -> dict[str, str]:
-    kit = Path(os.environ.get("SGLANG_CPU_KIT", "/tmp/sglang-cpu"))
-    env_sh = kit / "env.sh"
-    if not env_sh.is_file():
-        raise SystemExit(f"CPU kit not prepared: {env_sh} missing (run "
-                         "../shared/sglang-cpu/setup.sh PYTHON DIR, set SGLANG_CPU_KIT=DIR)")
-    raw = subprocess.run(["bash", "-c", f"set -a; source {env_sh}; env -0"], capture_output=True,
-                         check=True).stdout.decode()
-    env = dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
-    return {k: v for k, v in env.items() if os.environ.get(k) != v} | {
-        "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "PYTHONUNBUFFERED": "1"}
+    """The server environment of the project's CPU kit (tests/kit, built on first use)."""
+    sys.path.insert(0, str(REPO))
+    from tests.kit.build import KitMissing, build_kit
+
+    try:
+        kit = build_kit()
+    except KitMissing as exc:
+        raise SystemExit(f"CPU kit: {exc}") from None
+    return kit.env(os.environ) | {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "PYTHONUNBUFFERED": "1"}
 
 
 def main() -> int:
@@ -232,10 +230,9 @@ def main() -> int:
         work = Path(tmp)
         model = a.model
         if model is None:
-            model = work / "tiny-dsv3"
-            subprocess.run([sys.executable, str(REPO.parent / "shared" / "sglang-cpu" /
-                                                "make_tiny_dsv3.py"), str(model)],
-                           check=True, capture_output=True, env={**os.environ, **env})
+            from tests.kit.build import build_tiny_dsv3
+
+            model = build_tiny_dsv3()
         args = bench_args(rounds=a.rounds, warmup_rounds=a.warmup_rounds,
                           num_prompts=a.num_prompts, input_len=a.input_len,
                           output_len=a.output_len, max_concurrency=a.max_concurrency,
