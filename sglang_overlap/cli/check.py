@@ -125,7 +125,8 @@ def _tbo(settings: OverlapSettings, server_args: Any) -> str:
         parts.append("prefill: no TBO (DeepEP low-latency prefill, as upstream)")
     else:
         parts.append(f"prefill: 3-stage schedule, {chunk}")
-    gating = "gated per step by the cost model" if settings.overlap_gating == "auto" else "always"
+    gating = ("gated per step by measured step times" if settings.overlap_gating == "auto"
+              else "always")
     return f"on ({a2a}; {gating}): " + "; ".join(parts)
 
 

@@ -6,13 +6,20 @@ hardware profile applies) ranks the modes before anything is measured; measured 
 busiest rank's token count:
 
     estimate(mode) = measured mean                  if this bucket has measured it
-                   = prior(mode) x calibration      otherwise, where calibration is the
-                     measured / predicted ratio of the modes this bucket has measured (1 if none)
+                   = prior'(mode) x calibration     otherwise
+
+where prior'(mode) = prior(mode) x correction(phase, mode): the geometric mean, over the buckets
+that measured both, of measured(mode) / measured(none) divided by the prior's same ratio (1 until
+such a bucket exists), and calibration is the measured / prior' ratio of the modes this bucket
+has measured (1 if none). So what one bucket learns about a mode carries to its neighbours.
 
 Exploration: a candidate chosen fewer than `min_trials` times in a bucket (or, with
-`refresh_every`, not chosen for that many of the bucket's steps) is run once instead of the
+`refresh_every`, not chosen for that many of the bucket's steps) is run instead of the
 estimate's choice, most promising first, while explored steps stay at most `explore_share` of
-all steps. Trials count the gate's own choices, so exploration is a function of the inputs only.
+all steps. Once other buckets have measured a mode (its correction is known), it is explored
+only where its estimate is within `explore_margin` of the best: a mode measured clearly slower
+elsewhere is not paid for again in every bucket (a refresh still re-tries it). Trials count the
+gate's own choices, so exploration is a function of the inputs only.
 
 Same decision on every rank: every data-parallel rank must run the same mode in the same step
 (their all-to-alls pair up). `decide` sees only what all ranks share after SGLang's DP sync (the
@@ -29,6 +36,7 @@ Plain Python; mypy --strict.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -48,6 +56,7 @@ Mode = Literal["none", "tbo", "sbo", "two_chunk"]
 GatePhase = Literal["decode", "prefill"]
 _ORDER = {"none": 0, "tbo": 1, "sbo": 2, "two_chunk": 3}
 _OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
+_PREFILL_BASE = cell_index("prefill", 0, "none")  # bases below it are decode buckets
 HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
 EXPLORE_FLAG = "--overlap-gating-explore"
 TRIALS_FLAG = "--overlap-gating-trials"
@@ -76,16 +85,18 @@ class GateConfig:
     hysteresis: float = 0.03
     min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
     explore_share: float = 0.05  # explored steps stay at most this share of all steps
-    refresh_every: int = 0  # re-try a mode not chosen for this many of a bucket's steps (0: no)
+    refresh_every: int = 2000  # re-try a mode not chosen for this many of a bucket's steps (0: no)
     max_count: int = 64  # measurements per cell before older ones fade (StepTable.cap)
+    explore_margin: float = 0.10  # with a known correction, explore only within this of the best
 
     def __post_init__(self) -> None:
         check_hysteresis(self.hysteresis)
         check_explore_share(self.explore_share)
         check_trials(self.min_trials)
-        if self.refresh_every < 0 or self.max_count < 1:
-            raise ValueError(f"GateConfig: refresh_every >= 0 and max_count >= 1 (got "
-                             f"{self.refresh_every}, {self.max_count})")
+        if self.refresh_every < 0 or self.max_count < 1 or self.explore_margin < 0:
+            raise ValueError(f"GateConfig: refresh_every >= 0, max_count >= 1 and "
+                             f"explore_margin >= 0 (got {self.refresh_every}, {self.max_count}, "
+                             f"{self.explore_margin})")
 
 
 class GateDecision(NamedTuple):
@@ -131,20 +142,47 @@ class Gate:
         self._trials: dict[int, int] = {}  # cell -> times chosen
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # cell of mode "none" -> steps in the bucket
+        self._prior_ratio: dict[int, dict[str, float]] = {}  # bucket base -> prior(m) / prior(none)
+        self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
 
     def merge(self, vector: Sequence[int]) -> None:
         """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
         the same step on every rank."""
         self.table.add_vector(vector, self.config.max_count)
+        self._update_corrections()
+
+    def correction(self, phase: str, mode: str) -> float | None:
+        """measured / predicted of `mode` relative to none, from other buckets (None: unknown)."""
+        return self._correction[phase].get(mode)
+
+    def _update_corrections(self) -> None:
+        counts, totals = self.table.counts, self.table.totals
+        logs: dict[tuple[str, str], list[float]] = {}
+        for base, ratios in self._prior_ratio.items():
+            n_none = counts[base]
+            if not n_none:
+                continue
+            phase = "decode" if base < _PREFILL_BASE else "prefill"
+            none_us = totals[base] / n_none
+            for m, prior_ratio in ratios.items():
+                cell = base + _OFFSET[m]
+                n = counts[cell]
+                if n and none_us > 0 and prior_ratio > 0 and totals[cell] > 0:
+                    measured_ratio = totals[cell] / n / none_us
+                    logs.setdefault((phase, m), []).append(math.log(measured_ratio / prior_ratio))
+        for phase in ("decode", "prefill"):
+            self._correction[phase] = {m: math.exp(sum(v) / len(v))
+                                       for (p, m), v in logs.items() if p == phase}
 
     def estimates(self, phase: str, busiest: int, mean: float,
                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
         """(us per candidate, the measured ones) for this load."""
         base = cell_index(phase, measure_bucket(busiest), "none")
-        return self._estimates(base, self.prior.predictions(phase, busiest, mean), candidates)
+        return self._estimates(base, self.prior.predictions(phase, busiest, mean), candidates,
+                               self._correction[phase])
 
-    def _estimates(self, base: int, prior: Mapping[str, float],
-                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+    def _estimates(self, base: int, prior: Mapping[str, float], candidates: Sequence[str],
+                   correction: Mapping[str, float]) -> tuple[dict[str, float], frozenset[str]]:
         counts, totals = self.table.counts, self.table.totals
         out: dict[str, float] = {}
         for m in candidates:
@@ -155,11 +193,13 @@ class Gate:
         measured = frozenset(out)
         if len(out) == len(candidates):
             return out, measured
+        corrected = {m: prior[m] * correction.get(m, 1.0) for m in candidates} if correction \
+            else prior
         scale = 1.0
         if out:
-            predicted = sum(prior[m] for m in out)
+            predicted = sum(corrected[m] for m in out)
             scale = sum(out.values()) / predicted if predicted > 0 else 1.0
-        return {m: out[m] if m in out else prior[m] * scale for m in candidates}, measured
+        return {m: out[m] if m in out else corrected[m] * scale for m in candidates}, measured
 
     def decide(self, phase: GatePhase, global_tokens_per_rank: Sequence[int],
                available: frozenset[str] | None = None) -> GateDecision:
@@ -179,10 +219,15 @@ class Gate:
         self.steps += 1
         bucket = measure_bucket(busiest)
         base = cell_index(phase, bucket, "none")
-        estimates, measured = self._estimates(
-            base, self.prior.predictions(phase, busiest, mean), candidates)
+        prior = self.prior.predictions(phase, busiest, mean)
+        if base not in self._prior_ratio:
+            none = prior.get("none", 0.0)
+            self._prior_ratio[base] = {m: t / none for m, t in prior.items()
+                                       if m != "none" and none > 0}
+        correction = self._correction[phase]
+        estimates, measured = self._estimates(base, prior, candidates, correction)
         chosen, why = self._choose(phase, estimates)
-        explore = self._exploration(base, chosen, estimates)
+        explore = self._exploration(base, chosen, estimates, correction)
         if explore is not None:
             self.explored += 1
             chosen, why = explore, "exploring: measured too few times here"
@@ -213,22 +258,25 @@ class Gate:
             return best, f"beats {current} by more than {self.config.hysteresis:.0%}"
         return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
-    def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float]) -> str | None:
+    def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float],
+                     correction: Mapping[str, float]) -> str | None:
         cfg = self.config
         if self.explored + 1 > cfg.explore_share * self.steps:
             return None  # the budget first: the common case costs one comparison
         if cfg.min_trials <= 0 or len(estimates) < 2:
             return None
         now = self._bucket_steps.get(base, 0)
+        best = min(estimates.values())
         due = []
         for m in estimates:
             if m == chosen:
                 continue
             cell = base + _OFFSET[m]
-            trials = self._trials.get(cell, 0)
-            stale = (cfg.refresh_every > 0
-                     and now - self._last_trial.get(cell, 0) >= cfg.refresh_every)
-            if trials < cfg.min_trials or stale:
+            last = self._last_trial.get(cell)
+            if last is not None and cfg.refresh_every > 0 and now - last >= cfg.refresh_every:
+                due.append(m)  # ran here before, not for long: measure it again
+            elif self._trials.get(cell, 0) < cfg.min_trials and (
+                    m not in correction or estimates[m] <= best * (1.0 + cfg.explore_margin)):
                 due.append(m)
         if not due:
             return None

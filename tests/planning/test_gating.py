@@ -4,6 +4,7 @@ bounded deterministic exploration, no flapping."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -204,8 +205,31 @@ def test_measured_faster_mode_wins_against_a_flat_prior() -> None:
         seen.append(d.mode)
         gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
     assert seen[0] == "none", "a flat prior ties, and ties go to no overlap"
-    assert seen.count("tbo") == 3, "tbo is tried exactly min_trials times, then dropped"
+    assert seen.count("tbo") == 1, "tbo, measured 10% slower than none, is not tried again"
     assert seen[-30:] == ["sbo"] * 30, seen
+
+
+def _feed(gate: Gate, tokens: int, steps: int, truth: Mapping[str, float]) -> list[str]:
+    modes = []
+    for _ in range(steps):
+        d = gate.decide("decode", [tokens])
+        modes.append(d.mode)
+        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
+    return modes
+
+
+def test_what_one_bucket_learns_carries_to_the_next() -> None:
+    gate = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.5))
+    slow = {"none": 1000.0, "tbo": 2000.0}
+    first = _feed(gate, 16, 40, slow)
+    assert first.count("tbo") == 1 and gate.correction("decode", "tbo") == pytest.approx(2.0)
+    d = gate.decide("decode", [100])  # a new bucket: tbo estimated from the correction
+    assert d.estimates == {"none": 1.0, "tbo": 2.0}, "flat prior x correction, unmeasured"
+    assert _feed(gate, 100, 40, slow).count("tbo") == 0, "known 2x slower: not explored again"
+    close = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.5))
+    near = {"none": 1000.0, "tbo": 1050.0}  # within the 10% exploration margin
+    _feed(close, 16, 40, near)
+    assert _feed(close, 100, 40, near).count("tbo") == 3, "competitive: explored min_trials times"
 
 
 def test_exploration_is_bounded_by_the_share() -> None:
@@ -254,18 +278,35 @@ class ReferenceGate:
         self.history: list[tuple[str, int, str]] = []  # (phase, bucket, mode) chosen per step
         self.current: dict[str, str] = {}
         self.explored = 0
+        self.prior_ratio: dict[tuple[str, int], dict[str, float]] = {}  # at first visit
+        self.corr: dict[tuple[str, str], float] = {}
+
+    def mean(self, phase: str, bucket: int, mode: str) -> float | None:
+        v = self.sums.get((phase, bucket, mode))
+        return sum(v) / len(v) if v else None
 
     def merge(self, items: list[tuple[str, int, str, float]]) -> None:
         for phase, bucket, mode, us in items:
             self.sums.setdefault((phase, bucket, mode), []).append(float(int(us + 0.5)))
+        logs: dict[tuple[str, str], list[float]] = {}
+        for (phase, bucket), ratios in self.prior_ratio.items():
+            none = self.mean(phase, bucket, "none")
+            for m, r in ratios.items():
+                mine = self.mean(phase, bucket, m)
+                if none and mine:
+                    logs.setdefault((phase, m), []).append(math.log(mine / none / r))
+        self.corr = {k: math.exp(sum(v) / len(v)) for k, v in logs.items()}
 
     def decide(self, phase: str, busiest: int, allowed: set[str]) -> str:
         bucket = measure_bucket(busiest)
         cands = [m for m in self.prior.candidates(phase) if m == "none" or m in allowed]
         prior = self.prior.predictions(phase, busiest, busiest)
-        meas = {m: sum(v) / len(v) for m in cands if (v := self.sums.get((phase, bucket, m)))}
-        scale = sum(meas.values()) / sum(prior[m] for m in meas) if meas else 1.0
-        est = {m: meas.get(m, prior[m] * scale) for m in cands}
+        self.prior_ratio.setdefault((phase, bucket), {
+            m: t / prior["none"] for m, t in prior.items() if m != "none"})
+        meas = {m: x for m in cands if (x := self.mean(phase, bucket, m)) is not None}
+        corrected = {m: prior[m] * self.corr.get((phase, m), 1.0) for m in cands}
+        scale = sum(meas.values()) / sum(corrected[m] for m in meas) if meas else 1.0
+        est = {m: meas.get(m, corrected[m] * scale) for m in cands}
         order = ["none", "tbo", "sbo", "two_chunk"]
         best = sorted(cands, key=lambda m: (est[m], order.index(m)))[0]
         cur = self.current.get(phase)
@@ -279,7 +320,9 @@ class ReferenceGate:
             self.current[phase] = chosen
         steps = len(self.history) + 1
         tried = {m: sum(1 for h in self.history if h == (phase, bucket, m)) for m in cands}
-        due = [m for m in cands if m != chosen and tried[m] < self.cfg.min_trials]
+        low = min(est.values())
+        due = [m for m in cands if m != chosen and tried[m] < self.cfg.min_trials
+               and ((phase, m) not in self.corr or est[m] <= low * (1 + self.cfg.explore_margin))]
         if due and self.explored + 1 <= self.cfg.explore_share * steps:
             chosen = sorted(due, key=lambda m: (est[m], order.index(m)))[0]
             self.explored += 1
@@ -295,7 +338,8 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
         ("decode", "sbo"): rng.uniform(4, 11), ("prefill", "none"): 50.0,
         ("prefill", "two_chunk"): rng.uniform(30, 70)})
     cfg = GateConfig(hysteresis=rng.choice([0.0, 0.03, 0.1]), min_trials=rng.randint(1, 4),
-                     explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9)
+                     explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9,
+                     refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]))
     gate, ref = Gate(prior, cfg), ReferenceGate(prior, cfg)
     speed = {m: rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo", "two_chunk")}
     pending: list[tuple[str, int, str, float]] = []
@@ -343,8 +387,8 @@ def test_cached_decide_is_cheap() -> None:
     tokens = [32] * 16
     gate.decide("decode", tokens)
     n = 2000
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: other jobs on the machine do not count
     for _ in range(n):
         gate.decide("decode", tokens)
-    per_call_us = (time.perf_counter() - start) / n * 1e6
-    assert per_call_us < 100, f"{per_call_us=}"  # a few us here; generous for loaded CI
+    per_call_us = (time.thread_time() - start) / n * 1e6
+    assert per_call_us < 50, f"{per_call_us=}"  # about 6 us here
