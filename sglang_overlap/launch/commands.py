@@ -53,7 +53,7 @@ def program_missing(spec: ProcessSpec) -> str | None:
     if found:
         return None
     hint = f" (pip install {INSTALL[program]})" if program in INSTALL else ""
-    return (f"{spec.name}: '{program}' not found next to {sys.executable} or on PATH{hint}")
+    return f"{spec.name}: '{program}' not found next to {sys.executable} or on PATH{hint}"
 
 
 def server_argv(cfg: LaunchConfig, role: Role, node_rank: int = 0) -> list[str]:
