@@ -36,13 +36,20 @@ from sglang_overlap.planning.cost.profiles import (
     resolve_hardware,
 )
 from sglang_overlap.planning.gating import Gate, GateConfig, GateDecision
-from sglang_overlap.planning.step_table import StepTable, cell_index, format_rows
+from sglang_overlap.planning.step_table import (
+    MODES,
+    NUM_BUCKETS,
+    StepTable,
+    cell_index,
+    format_rows,
+)
 from sglang_overlap.settings import OverlapSettings
 from sglang_overlap.sglang import state
 
 logger = logging.getLogger("sglang_overlap")
 
 TABLE_LOG_STEPS = 4096
+_CELLS_PER_PHASE = NUM_BUCKETS * len(MODES)
 FLAG = "--overlap-hardware-profile"
 
 
@@ -97,7 +104,7 @@ class GateRuntime:
         self.cuda = cuda
         self.setup = setup
         self.local = StepTable()  # this rank's measurements since the last sync
-        self._seen: set[int] = set()  # cells timed once already (the first time is discarded)
+        self._seen: set[int] = set()  # (phase, mode)s timed once already (the first is dropped)
         self.calls = 0
         self.syncs = 0
         self.pending: int | None = None  # the cell of the step decided, until its forward
@@ -123,13 +130,14 @@ class GateRuntime:
         return cell
 
     def record(self, cell: int, us: float) -> None:
-        """One timed step. The first of each cell in this process is dropped: it carries one-off
-        costs (allocations, kernel JIT for a new shape) the mode does not have in steady state.
+        """One timed step. The first step of each (phase, mode) in this process is dropped: it
+        carries one-off costs (allocations, kernel JIT) the mode does not have in steady state.
         Ranks may drop different steps; the all-reduced sums are still the same everywhere."""
-        if cell in self._seen:
+        key = cell // _CELLS_PER_PHASE * len(MODES) + cell % len(MODES)
+        if key in self._seen:
             self.local.add(cell, us)
         else:
-            self._seen.add(cell)
+            self._seen.add(key)
 
     def push_events(self, cell: int, start: Any, end: Any) -> None:
         self._events.append((cell, start, end))

@@ -214,19 +214,22 @@ def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     assert rt.local.empty() and rt.pending is not None, "draft forwards are not the step"
     model_runner.timed_forward(forward, runner, "b1")
     cell = cell_index("decode", measure_bucket(8), "none")
-    assert rt.local.empty() and rt.pending is None, "the first step of a cell is dropped"
+    assert rt.local.empty() and rt.pending is None, "the first step of a (phase, mode) is dropped"
     rt.expect(rt.gate.decide("decode", [8]))
     model_runner.timed_forward(forward, runner, "b2")
     assert rt.local.count(cell) == 1 and calls == ["b0", "draft", "b1", "b2"]
     model_runner.timed_forward(forward, runner, "b3")
     assert rt.local.count(cell) == 1, "one decision, one timed forward"
+    rt.expect(rt.gate.decide("decode", [100]))  # another bucket, same (phase, mode): timed
+    model_runner.timed_forward(forward, runner, "b4")
+    assert rt.local.count(cell_index("decode", measure_bucket(100), "none")) == 1
 
 
 def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
     gate.set_runtime(rt)
     cell = cell_index("decode", measure_bucket(8), "none")
-    rt.record(cell, 9999.0)  # dropped: the first of its cell
+    rt.record(cell, 9999.0)  # dropped: the first of its (phase, mode)
     rt.record(cell, 1500.0)
     for _ in range(3):
         rt.tick()
