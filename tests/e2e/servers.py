@@ -17,6 +17,10 @@ READY_TIMEOUT = 420.0  # a --tp 2 server on 2 shared cores can take minutes to c
 
 
 class Server:
+    """One `sglang serve` process group. Every server sleeps when idle (--sleep-on-idle): an idle
+    SGLang scheduler otherwise spins, ~1.4 of this machine's 2 cores per --tp 2 server, and the
+    servers a test runs side by side would be timed against that load."""
+
     def __init__(self, name: str, model: Path, port: int, flags: list[str],
                  env: dict[str, str], log_dir: Path) -> None:
         self.name, self.port = name, port
@@ -24,7 +28,7 @@ class Server:
         sglang = Path(sys.executable).with_name("sglang")
         self.argv = [str(sglang), "serve", "--model-path", str(model), "--device", "cpu",
                      "--host", "127.0.0.1", "--port", str(port), "--attention-backend",
-                     "torch_native", "--max-total-tokens", "16384", *flags]
+                     "torch_native", "--max-total-tokens", "16384", "--sleep-on-idle", *flags]
         self.env = {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
 

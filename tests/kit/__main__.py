@@ -18,7 +18,7 @@ def main() -> int:
         print(f"note: {reason}")
     print(f"\nsource {kit.path / 'env.sh'}\nsglang serve --model-path {model} --device cpu "
           "--host 127.0.0.1 --port 30000 --attention-backend torch_native "
-          "--max-total-tokens 16384")
+          "--max-total-tokens 16384 --sleep-on-idle")
     return 0
 
 
