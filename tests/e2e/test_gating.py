@@ -70,7 +70,7 @@ def test_wrong_prior_is_overridden_by_measurement(run) -> None:
     by_prior = [i for i, line in enumerate(seq)
                 if line.startswith("decode -> tbo") and "exploring" not in line]
     overridden = [i for i, line in enumerate(seq) if line.startswith("decode -> none")
-                  and re.search(r"tbo=[0-9.]+ms(,|$)", line)]  # tbo's estimate is measured
+                  and re.search(r"tbo=[0-9.]+ms(?!\(prior\))", line)]  # tbo's estimate is measured
     assert by_prior, f"the wrong prior should pick TBO somewhere: {seq[:20]}"
     assert overridden and overridden[-1] > by_prior[0], seq
     last = [line for line in seq if line.startswith("decode -> ")][-1]
