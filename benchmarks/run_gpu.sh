@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
-#   bash benchmarks/run_gpu.sh [sbo|gemm|all] [extra gpu_suite.py options for gemm]
+#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|all] [extra gpu_suite.py options for gemm]
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
-#     all   both
+#     padded  the down GEMM in a padded buffer (capacity > rows, as served): DeepGEMM vs the
+#           fused kernel in both tile orders (benchmarks/bench_padded_gemm.py), the fused tests
+#     all   all three
 # Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
 # layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
 #
@@ -118,6 +120,14 @@ if [ "$MODE" = sbo ] || [ "$MODE" = all ]; then
 fi
 if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
   python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1
+fi
+if [ "$MODE" = padded ] || [ "$MODE" = all ]; then
+  python3 benchmarks/bench_padded_gemm.py --json "$OUT/padded.json" ${PADDED_EXPERTS:+--experts \
+    $PADDED_EXPERTS} | tee "$OUT/padded.md" || rc=1
+  SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-12} python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_signal_gemm.py > "$OUT/pytest_signal_gemm.txt" 2>&1 || rc=1
+  echo "pytest (signal gemm): $(tail -1 "$OUT/pytest_signal_gemm.txt")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_signal_gemm.txt" | head -20
 fi
 (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
 echo "run_gpu.sh $MODE exit $rc"

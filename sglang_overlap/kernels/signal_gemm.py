@@ -45,6 +45,14 @@ class SignalGemmConfig:
     fastest alone, but every tile runs at once, so units finish together and overlap little)."""
     k_unroll: int = 1
     """128-wide K steps per pipelined iteration (used when K / 128 is a multiple of it)."""
+    m_inner: bool = False
+    """Tile order within an expert. False (served): (m block, n tile), n innermost: a block's
+    tiles are consecutive, so blocks finish in order, and the tiles of the blocks past masked_m
+    (empty: one atomic, no K loop) spread evenly over the persistent programs. True: (n tile,
+    m block), the m blocks that share a weight tile side by side; with a persistent grid whose
+    size is a multiple of the blocks per expert, every program then always gets the same m
+    block, and at capacity 256 with <= 64 rows only a quarter of the programs have real work
+    (measured 3-3.8x slower than DeepGEMM on the H200; benchmarks/bench_padded_gemm.py)."""
 
     def programs(self, sms: int) -> int | None:
         """The grid cap for `grouped_gemm_fp8_signal` on `sms` SMs (None: one per tile)."""
@@ -101,15 +109,19 @@ def _kernels() -> dict[str, Any]:
                     m_cap, n, k, num_units, blocks_per_expert, n_tiles, num_progs,
                     s_ae, s_am, s_ase, s_asm, s_asg, s_be, s_bn, s_bse, s_bsn, s_bsg, s_de, s_dm,
                     SIGNAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr):
-        # tile t -> (expert, n tile, m block), m innermost: the m blocks that share a weight tile
-        # run side by side and hit it in L2; experts finish in order.
+                    BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr, M_INNER: tl.constexpr):
+        # tile t -> (expert, m block, n tile) (SignalGemmConfig.m_inner: (expert, n tile,
+        # m block)); experts finish in order either way.
         tiles_per_expert = blocks_per_expert * n_tiles
         for t in range(tl.program_id(0), num_units, num_progs):
             e = t // tiles_per_expert
             rem = t % tiles_per_expert
-            nt = rem // blocks_per_expert
-            mb = rem % blocks_per_expert
+            if M_INNER:
+                nt = rem // blocks_per_expert
+                mb = rem % blocks_per_expert
+            else:
+                mb = rem // n_tiles
+                nt = rem % n_tiles
             m_valid = tl.minimum(tl.load(masked_m_ptr + e), m_cap)
             offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -205,6 +217,7 @@ def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
         out.stride(0), out.stride(1),
         SIGNAL=mode, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=BLOCK_K,
         K_UNROLL=config.k_unroll if (k // BLOCK_K) % config.k_unroll == 0 else 1,
+        M_INNER=config.m_inner,
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 

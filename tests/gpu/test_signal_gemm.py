@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -140,7 +140,8 @@ def test_fused_gemm_matches_fp64(seed: int) -> None:
 
     e, m_cap, n, k = random_shape(random.Random(seed))
     case = make_case(seed, e, m_cap, n, k, zero_experts=seed % 2)
-    config = default_config(expected_m=m_cap if seed % 3 else 256)
+    config = replace(default_config(expected_m=m_cap if seed % 3 else 256),
+                     m_inner=(seed // 2) % 2 == 1)
     down = torch.full((e, m_cap, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     grouped_gemm_fp8_signal(case.a, case.a_s, case.b, case.b_s, case.masked_m, down,
                             config=config)
@@ -161,7 +162,8 @@ def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
     rng = random.Random(1000 + seed)
     e, m_cap, n, k = random_shape(rng)
     config = SignalGemmConfig(block_m=rng.choice([64, 128]), block_n=rng.choice([64, 128]),
-                              num_warps=4, num_stages=3, ctas_per_sm=rng.choice([0, 1, 2]))
+                              num_warps=4, num_stages=3, ctas_per_sm=rng.choice([0, 1, 2]),
+                              m_inner=rng.choice([False, True]))
     case = make_case(seed, e, m_cap, n, k, zero_experts=rng.randint(0, e))
     layout = layout_for(case, granularity, config.block_m, config.block_n,
                         comm_sms=rng.choice([1, 3, 8]))
