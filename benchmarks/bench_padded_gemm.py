@@ -138,6 +138,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experts", default="8,32")
+    ap.add_argument("--shapes", default=None, help="ExCxROWS,... instead of the default grid")
     ap.add_argument("--json", default=None)
     ap.add_argument("--warm-workers", type=int, default=14)
     ap.add_argument("--warm-one", default=None, help=argparse.SUPPRESS)  # E,C,rows
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_one:
         warm(*(int(x) for x in args.warm_one.split(",")))
         return 0
-    todo = shapes([int(x) for x in args.experts.split(",")])
+    todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
+        if args.shapes else shapes([int(x) for x in args.experts.split(",")])
     me = [sys.executable, str(Path(__file__).resolve())]
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -123,7 +123,7 @@ if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
 fi
 if [ "$MODE" = padded ] || [ "$MODE" = all ]; then
   python3 benchmarks/bench_padded_gemm.py --json "$OUT/padded.json" ${PADDED_EXPERTS:+--experts \
-    $PADDED_EXPERTS} | tee "$OUT/padded.md" || rc=1
+    $PADDED_EXPERTS} ${PADDED_SHAPES:+--shapes $PADDED_SHAPES} | tee "$OUT/padded.md" || rc=1
   SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-12} python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_signal_gemm.py > "$OUT/pytest_signal_gemm.txt" 2>&1 || rc=1
   echo "pytest (signal gemm): $(tail -1 "$OUT/pytest_signal_gemm.txt")"

@@ -56,11 +56,20 @@ class SignalPlan:
 
 
 def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:
-    """The fastest signal-emitting down GEMM for this shape, by the H200 table (DeepSeek-V3 down
-    projection, N 7168, K 2048, CUDA graphs, 2026-12-02): fused for few experts while the GEMM
-    is memory-bound (E < 16, <= 64 rows: 1.03-1.09x one DeepGEMM launch); DeepGEMM on E/4 slices
-    over two streams otherwise (0.95-1.04x), on one stream in E/2 (E <= 16) or E/4 slices at 256
-    rows and more (1.03-1.20x). Capacities DeepGEMM mis-computes always take the fused kernel."""
+    """The fastest signal-emitting down GEMM for this shape, by the H200 tables (DeepSeek-V3 down
+    projection, N 7168, K 2048, CUDA graphs; benchmarks/results/h200_signal_gemm.md,
+    h200_padded_gemm.md, h200_sbo_layer.md):
+
+    - fused for few experts while the GEMM is memory-bound and the buffer is not padded (E < 16,
+      <= 64 rows, capacity = the rows rounded up to 64: 1.03-1.09x one DeepGEMM launch);
+    - in a padded buffer (capacity past the rows, as DeepEP's low-latency buffer is) the fused
+      kernel still pays for the empty row blocks (1.38-1.49x DeepGEMM at E 8, capacity 256,
+      <= 64 rows, 2026-12-04) while DeepGEMM does not (36.2-37.1 us at capacity 64 and 256), and
+      E/4 slices on two streams cost 1.10x there (46.9 vs 42.7 us, E 8, 64 rows, 2026-12-03);
+    - DeepGEMM on E/4 slices over two streams otherwise (0.95-1.04x), on one stream in E/2
+      (E <= 16) or E/4 slices at 256 rows and more (1.03-1.20x).
+
+    Capacities DeepGEMM mis-computes always take the fused kernel."""
     e = num_local_experts
     if capacity % DEEPGEMM_CAPACITY_ALIGN:
         return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
@@ -69,7 +78,11 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
         return SignalPlan("sliced", max(1, e // 2 if e <= 16 else e // 4), 1,
                           why="H200: one-stream slices fastest at >= 256 rows")
     if e < 16 and expected_m <= 64:
-        return SignalPlan("fused", why="H200: fused fastest for E < 16 at <= 64 rows")
+        if capacity <= DEEPGEMM_CAPACITY_ALIGN:
+            return SignalPlan("fused", why="H200: fused fastest for E < 16 at <= 64 rows")
+        return SignalPlan("sliced", max(1, e // 4), 2,
+                          why=f"H200: capacity {capacity} is padded past {expected_m} rows; "
+                          "the fused kernel pays for empty blocks, DeepGEMM slices do not")
     return SignalPlan("sliced", max(1, e // 4), 2, why="H200: E/4 slices on two streams fastest")
 
 
@@ -115,10 +128,16 @@ def combine_signal_layout(form: CombineForm, *, num_local_experts: int, world_si
 
 
 def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:
-    """The fused kernel's launch for `layout`'s tiles (warps / stages tuned for `expected_m`)."""
+    """The fused kernel's launch for `layout`'s tiles (warps / stages tuned for `expected_m`).
+    Tile order: n tiles innermost, except where the rows fill every m block and there are 32
+    experts or more (H200, capacity 256: m innermost 0.82-0.95x at E 32 with 192-256 rows,
+    1.01-1.05x at E 8-16; n innermost 1.3-2.8x faster wherever blocks are empty;
+    benchmarks/results/h200_padded_gemm.md)."""
     base = default_config(expected_m)
+    full = -(-max(1, expected_m) // layout.block_m) >= layout.blocks_per_expert
     return SignalGemmConfig(layout.block_m, layout.block_n, base.num_warps, base.num_stages,
-                            max(1, base.ctas_per_sm), base.k_unroll)
+                            max(1, base.ctas_per_sm), base.k_unroll,
+                            m_inner=full and layout.num_local_experts >= 32)
 
 
 def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,

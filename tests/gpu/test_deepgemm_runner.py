@@ -176,8 +176,9 @@ def _runner_pair(e: int, hidden: int, inter: int):
 
 @pytest.mark.parametrize("expected_m", [0, 64, 128, 256])
 def test_runner_low_latency_matches_reference(dg, expected_m: int) -> None:
-    """expected_m 0: no signal; 64: fused signal GEMM; 128: DeepGEMM slices on two streams;
-    256: DeepGEMM slices on one stream (choose_signal_path)."""
+    """expected_m 0: no signal; 64 and 128: DeepGEMM slices on two streams (capacity 128 is
+    padded past 64 rows, where the fused kernel is slower); 256: DeepGEMM slices on one stream
+    (choose_signal_path)."""
     from sglang_overlap.kernels.contracts import LowLatencyDispatchOutput, SignalContract
     from sglang_overlap.kernels.down_gemm import choose_signal_path
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout

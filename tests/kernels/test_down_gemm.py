@@ -16,8 +16,8 @@ from sglang_overlap.kernels.signal_gemm import default_config
 @pytest.mark.parametrize(
     ("experts", "m", "want"),
     [
-        (8, 16, ("fused", 0, 1)),
-        (8, 64, ("fused", 0, 1)),
+        (8, 16, ("sliced", 2, 2)),  # capacity 256 is padded: the fused kernel pays for it
+        (8, 64, ("sliced", 2, 2)),
         (8, 128, ("sliced", 2, 2)),
         (8, 256, ("sliced", 4, 1)),
         (16, 16, ("sliced", 4, 2)),
@@ -41,6 +41,26 @@ def test_capacities_deepgemm_miscomputes_take_the_fused_kernel(capacity: int) ->
         plan = choose_signal_path(experts, m, capacity)
         assert plan.path == "fused" and str(capacity) in plan.why, f"{capacity=} {plan=}"
     assert choose_signal_path(32, 64, DEEPGEMM_CAPACITY_ALIGN * 3).path == "sliced"
+
+
+@pytest.mark.parametrize("experts", [1, 8, 15])
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_fused_serves_few_experts_in_an_unpadded_buffer(experts: int, m: int) -> None:
+    assert choose_signal_path(experts, m, capacity=64).path == "fused"
+    padded = choose_signal_path(experts, m, capacity=128)
+    assert padded.path == "sliced" and "padded" in padded.why, padded
+    assert choose_signal_path(16, m, capacity=64).path == "sliced"
+
+
+@pytest.mark.parametrize(("experts", "expected_m", "capacity", "m_inner"), [
+    (32, 256, 256, True), (32, 192, 256, True),  # every m block has rows, many experts
+    (32, 128, 256, False), (32, 64, 256, False),  # empty blocks: n tiles innermost
+    (16, 256, 256, False), (8, 256, 256, False), (8, 16, 64, False)])
+def test_fused_tile_order(experts: int, expected_m: int, capacity: int, m_inner: bool) -> None:
+    layout = signal_layout(num_local_experts=experts, capacity=capacity, hidden=7168,
+                           expected_m=expected_m, granularity="expert", num_sms=132,
+                           comm_num_sms=3)
+    assert fused_config(layout, expected_m).m_inner is m_inner
 
 
 @pytest.mark.parametrize("expected_m", [1, 64, 65, 256])
