@@ -89,10 +89,10 @@ def single_server_config(workdir: Path, name: str, port: int, extra_args: list[s
     """configs/tiny-cpu-single.toml on another port, with `extra_args` added to its args."""
     text = (CONFIGS / "tiny-cpu-single.toml").read_text()
     text = text.replace("port = 31010", f"port = {port}")
-    if extra_args:
-        assert '"--dtype", "float32"]' in text, "tiny-cpu-single.toml's args changed"
-        text = text.replace('"--dtype", "float32"]',
-                            '"--dtype", "float32", ' + json.dumps(extra_args)[1:])
+    if extra_args:  # appended to the one `args = [...]` list of the file
+        text, n = re.subn(r"(\nargs = \[[^\]]*)\]", lambda m: m.group(1) + ", " +
+                          json.dumps(extra_args)[1:], text, count=1)
+        assert n == 1, "tiny-cpu-single.toml has no `args = [...]` list"
     path = workdir / f"{name}.toml"
     path.write_text(text)
     return path
