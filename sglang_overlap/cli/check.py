@@ -82,13 +82,11 @@ def _sglang_section() -> dict[str, Any]:
                            "plugin_loaded": False}
     if out["version"] is None:
         return out
-    from sglang.srt.plugins import load_plugins
-
     from sglang_overlap.sglang import guard, hooks
 
-    load_plugins()
-    out["plugin_loaded"] = bool(hooks._installed)  # noqa: SLF001 - registered by register()
-    out["hooks_registered"] = len(hooks._installed)  # noqa: SLF001
+    registered = hooks.load_through_sglang()
+    out["plugin_loaded"] = registered > 0
+    out["hooks_registered"] = registered
     result = guard.check(hooks.all_pins())
     out["guard"] = "ok" if result.ok else result.message()
     return out

@@ -80,6 +80,15 @@ def all_pins() -> list[tuple[str, str]]:
 _installed: set[tuple[str, str]] = set()
 
 
+def load_through_sglang() -> int:
+    """Run SGLang's own plugin loader, as every server process does at start, and return how many
+    hooks this plugin has registered (0: it was not discovered or loaded)."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    return len(_installed)
+
+
 def install(specs: Iterable[HookSpec]) -> list[HookSpec]:
     """Register `specs` with SGLang's HookRegistry; safe to call repeatedly (each target and
     function is registered once per process). Returns the specs newly registered."""
