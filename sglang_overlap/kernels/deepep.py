@@ -56,6 +56,7 @@ from sglang_overlap.kernels.contracts import (
     SignalContract,
 )
 from sglang_overlap.kernels.layouts import PackInfo, pack, unpack, weighted_sum
+from sglang_overlap.planning.sbo_layout import default_comm_num_sms
 from sglang_overlap.planning.sbo_path import CombineForm
 
 MAX_DISPATCH_TOKENS_PER_RANK = 1024  # SGLang 0.5.23 asserts this bound on the LL buffer
@@ -172,7 +173,8 @@ class DeepEPDispatcher:
     """`Dispatcher` over a DeepEP `Buffer` (or anything with its methods)."""
 
     def __init__(self, buffer: Any, plan: DeepEPBufferPlan, *,
-                 combine_form: CombineForm | None = None, comm_num_sms: int = 3) -> None:
+                 combine_form: CombineForm | None = None,
+                 comm_num_sms: int = default_comm_num_sms(blackwell=False)) -> None:
         self.buffer = buffer
         self.plan = plan
         self.world_size = plan.world_size

@@ -39,7 +39,7 @@ from sglang_overlap.kernels.combine_overlap import layout_overlap_kwargs
 from sglang_overlap.kernels.down_gemm import combine_signal_layout, signal_down_gemm
 from sglang_overlap.kernels.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels.signal_gemm import new_signal, num_sms
-from sglang_overlap.planning.sbo_layout import SboLayout
+from sglang_overlap.planning.sbo_layout import SboLayout, default_comm_num_sms
 from sglang_overlap.planning.sbo_path import CombineForm
 
 Mode = Literal["serial", "shared", "sbo"]
@@ -102,7 +102,8 @@ class DeepEPSboLayer:
     """The layer over a DeepEP `Buffer` sized for `shape` (low-latency mode)."""
 
     def __init__(self, buffer: Any, shape: MoeShape, weights: MoeWeights, *,
-                 form: CombineForm | None, comm_num_sms: int = 3,
+                 form: CombineForm | None,
+                 comm_num_sms: int = default_comm_num_sms(blackwell=False),
                  watchdog_s: float | None = None) -> None:
         if shape.capacity % deepgemm_align():
             raise ValueError(f"DeepGEMM's masked GEMM needs C = N * W a multiple of 64 "
