@@ -16,6 +16,14 @@ Where things are:
     deepgemm_experts.py  the fp8 expert runner on DeepGEMM (gate-up, SiLU+quant, down GEMM)
     fp8.py               DeepGEMM's fp8 block-quant recipe, SiLU-and-mul + quant
     deepep.py            DeepEP buffer sizing, combine overlap kwargs per form, the dispatcher
+    combine_overlap.py   each DeepEP tree's overlapped-combine form: kwargs, send SMs, signal
+    sbo_layer.py         one MoE layer on DeepEP + DeepGEMM with SGLang's SBO schedule
+    sbo_watchdog.py      bounded waits on an SBO step (a stuck signal becomes a SignalError)
 
-The oracle these are checked against is `sglang_overlap.reference`.
+Inside SGLang, the glue (`sglang_overlap.sglang`) calls capabilities, deepep's combine kwargs
+(with combine_overlap), down_gemm (with signal_gemm / deepgemm / fp8), and for torch_a2a: a2a,
+contracts, experts, streams; SGLang's own layer runs the rest. `DeepEPDispatcher`, `deepgemm_experts.py`, `sbo_layer.py` and
+`sbo_watchdog.py` are the plugin's own MoE layer on the same real kernels: what the GPU tests
+and benchmarks run to prove those kernels without SGLang (sglang does not install on the GPU
+machine). The oracle all of these are checked against is `sglang_overlap.reference`.
 """
