@@ -13,18 +13,13 @@ that measured both, of measured(mode) / measured(none) divided by the prior's sa
 such a bucket exists), and calibration is the measured / prior' ratio of the modes this bucket
 has measured (1 if none). So what one bucket learns about a mode carries to its neighbours.
 
-Exploration: a candidate chosen fewer than `min_trials` times in a bucket is run instead of the
+Exploration: a candidate chosen fewer than `min_trials` times in a bucket (or, with
+`refresh_every`, not chosen for that many of the bucket's steps) is run instead of the
 estimate's choice, most promising first, while explored steps stay at most `explore_share` of
 all steps. Once other buckets have measured a mode (its correction is known), it is explored
 only where its estimate is within `explore_margin` of the best: a mode measured clearly slower
-elsewhere is not paid for again in every bucket. Refresh: a mode not chosen for `refresh_every`
-of a bucket's steps (0: never) has a stale measurement there - taken under another load, or
-inflated by a burst of noise, it would otherwise decide forever, since the mode it loses to is
-the one that keeps running - so the gate runs it once, and the measurement of that step replaces
-the old ones: if it says the mode is faster, the estimates choose it and it is measured on; if
-not, it waits for the next refresh. A losing mode costs one step in `refresh_every + 1` of a
-bucket.
-Trials count the gate's own choices, so exploration is a function of the inputs only.
+elsewhere is not paid for again in every bucket (a refresh still re-tries it). Trials count the
+gate's own choices, so exploration is a function of the inputs only.
 
 Same decision on every rank: every data-parallel rank must run the same mode in the same step
 (their all-to-alls pair up). `decide` sees only what all ranks share after SGLang's DP sync (the
@@ -90,7 +85,7 @@ class GateConfig:
     hysteresis: float = 0.03
     min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
     explore_share: float = 0.05  # explored steps stay at most this share of all steps
-    refresh_every: int = 64  # re-measure a mode not chosen for this many of a bucket's steps
+    refresh_every: int = 2000  # re-try a mode not chosen for this many of a bucket's steps (0: no)
     max_count: int = 64  # measurements per cell before older ones fade (StepTable.cap)
     explore_margin: float = 0.10  # with a known correction, explore only within this of the best
 
@@ -147,17 +142,12 @@ class Gate:
         self._trials: dict[int, int] = {}  # cell -> times chosen
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # cell of mode "none" -> steps in the bucket
-        self._stale: set[int] = set()  # refreshed cells: the next merge replaces, not adds
         self._prior_ratio: dict[int, dict[str, float]] = {}  # bucket base -> prior(m) / prior(none)
         self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
 
     def merge(self, vector: Sequence[int]) -> None:
         """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
         the same step on every rank."""
-        if self._stale:
-            for cell in [c for c in self._stale if vector[c]]:
-                self.table.counts[cell] = self.table.totals[cell] = 0
-                self._stale.discard(cell)
         self.table.add_vector(vector, self.config.max_count)
         self._update_corrections()
 
@@ -277,7 +267,7 @@ class Gate:
             return None
         now = self._bucket_steps.get(base, 0)
         best = min(estimates.values())
-        due, stale = [], set()
+        due = []
         for m in estimates:
             if m == chosen:
                 continue
@@ -285,16 +275,12 @@ class Gate:
             last = self._last_trial.get(cell)
             if last is not None and cfg.refresh_every > 0 and now - last >= cfg.refresh_every:
                 due.append(m)  # ran here before, not for long: measure it again
-                stale.add(m)
             elif self._trials.get(cell, 0) < cfg.min_trials and (
                     m not in correction or estimates[m] <= best * (1.0 + cfg.explore_margin)):
                 due.append(m)
         if not due:
             return None
-        pick = min(due, key=lambda m: (estimates[m], _ORDER[m]))
-        if pick in stale:  # the next measurement of this cell replaces the old ones
-            self._stale.add(base + _OFFSET[pick])
-        return pick
+        return min(due, key=lambda m: (estimates[m], _ORDER[m]))
 
     def _count_trial(self, base: int, mode: str) -> None:
         now = self._bucket_steps.get(base, 0) + 1

@@ -251,34 +251,6 @@ def test_refresh_retries_a_mode_not_chosen_for_long() -> None:
     assert len(tries) == 4 and min(gaps) >= 50, tries
 
 
-def test_a_measurement_inflated_by_noise_is_forgotten_and_retaken() -> None:
-    """none's first samples in a bucket come during a burst of load (3x): TBO (truly 1.3x
-    slower) wins there, and none, no longer run, would never be measured again. The refresh
-    forgets none's stale cell after `refresh_every` of the bucket's steps, runs none once, and
-    the gate returns to none for good; TBO then costs one step per refresh."""
-    gate = Gate(FlatPrior(frozenset({"tbo"})),
-                GateConfig(min_trials=3, explore_share=0.2, refresh_every=40))
-    truth = {"none": 1000.0, "tbo": 1300.0}
-    burst = {"none": 3000.0, "tbo": 1300.0}
-    first = _feed(gate, 16, 6, burst)
-    assert first[-1] == "tbo", first
-    later = _feed(gate, 16, 200, truth)
-    switch = later.index("none")
-    assert 30 <= switch <= 45, later[:60]
-    assert later[switch:].count("tbo") <= 200 // 40, later
-    assert later[-50:].count("none") >= 48
-    none = cell_index("decode", measure_bucket(16), "none")
-    assert gate.table.mean(none) == pytest.approx(1000.0)  # the inflated samples are gone
-
-
-def test_no_refresh_keeps_the_stale_choice() -> None:
-    """The negative control: with refresh off, the stale inflated measurement decides forever."""
-    gate = Gate(FlatPrior(frozenset({"tbo"})),
-                GateConfig(min_trials=3, explore_share=0.2, refresh_every=0))
-    _feed(gate, 16, 6, {"none": 3000.0, "tbo": 1300.0})
-    assert set(_feed(gate, 16, 200, {"none": 1000.0, "tbo": 1300.0})) == {"tbo"}
-
-
 def test_recent_measurements_outweigh_old_ones() -> None:
     prior = TablePrior({("decode", "none"): 1.0, ("decode", "tbo"): 1.0})
     gate = Gate(prior, GateConfig(min_trials=0, max_count=8))
