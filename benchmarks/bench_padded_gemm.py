@@ -44,27 +44,14 @@ def shapes(experts: list[int]) -> list[tuple[int, int, int]]:
     return out + [(e, 256, 256) for e in experts]
 
 
-def _operands(e: int, cap: int, rows: int):
-    import torch
-
-    from sglang_overlap.kernels import fp8
-
-    gen = torch.Generator(device="cuda").manual_seed(e * 1000 + cap + rows)
-    a, a_s = fp8.quant_per_token_group(
-        torch.randn((e, cap, K), generator=gen, device="cuda", dtype=torch.bfloat16))
-    b, b_s = fp8.quant_per_block(torch.randn((e, N, K), generator=gen, device="cuda") / K**0.5)
-    a_s = fp8.empty_mn_major_scales((e,), cap, K // 128, "cuda").copy_(a_s)  # DeepGEMM's layout
-    masked = torch.full((e,), rows, dtype=torch.int32, device="cuda")
-    return a, a_s, b, b_s, masked
-
-
 def warm(e: int, cap: int, rows: int) -> None:
     """JIT-compile DeepGEMM's kernel for one shape (run in its own process)."""
     import torch
 
+    from benchmarks.gpu_suite import down_operands
     from sglang_overlap.kernels import deepgemm
 
-    a, a_s, b, b_s, masked = _operands(e, cap, rows)
+    a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=e * 1000 + cap + rows)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
     deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, rows)
     torch.cuda.synchronize()
@@ -73,7 +60,7 @@ def warm(e: int, cap: int, rows: int) -> None:
 def measure(e: int, cap: int, rows: int) -> dict:
     import torch
 
-    from benchmarks.gpu_suite import graph_time_us
+    from benchmarks.gpu_suite import down_operands, graph_time_us
     from sglang_overlap.kernels import deepgemm
     from sglang_overlap.kernels.signal_gemm import (
         default_config,
@@ -84,7 +71,7 @@ def measure(e: int, cap: int, rows: int) -> dict:
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     sms = num_sms()
-    a, a_s, b, b_s, masked = _operands(e, cap, rows)
+    a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=e * 1000 + cap + rows)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
     res: dict = {"E": e, "C": cap, "rows": rows}
     deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, rows)

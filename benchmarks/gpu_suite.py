@@ -62,6 +62,22 @@ def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) ->
     return statistics.median(times)
 
 
+def down_operands(e: int, cap: int, rows: int, seed: int):
+    """Random fp8 operands of the DeepSeek-V3 down GEMM, E experts with `rows` of `cap` rows
+    each: (a, a_scale in DeepGEMM's MN-major layout, b, b_scale, masked_m)."""
+    import torch
+
+    from sglang_overlap.kernels import fp8
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a, a_s = fp8.quant_per_token_group(
+        torch.randn((e, cap, K), generator=gen, device="cuda", dtype=torch.bfloat16))
+    b, b_s = fp8.quant_per_block(torch.randn((e, N, K), generator=gen, device="cuda") / K**0.5)
+    a_s = fp8.empty_mn_major_scales((e,), cap, K // 128, "cuda").copy_(a_s)  # DeepGEMM's layout
+    masked = torch.full((e,), rows, dtype=torch.int32, device="cuda")
+    return a, a_s, b, b_s, masked
+
+
 def run_shape(e: int, m: int, comm_sms: int) -> dict:
     import torch
 
@@ -77,12 +93,7 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
 
     sms = num_sms()
     cap = capacity(m)
-    gen = torch.Generator(device="cuda").manual_seed(e * 1000 + m)
-    a, a_s = fp8.quant_per_token_group(
-        torch.randn((e, cap, K), generator=gen, device="cuda", dtype=torch.bfloat16))
-    b, b_s = fp8.quant_per_block(torch.randn((e, N, K), generator=gen, device="cuda") / K**0.5)
-    a_s = fp8.empty_mn_major_scales((e,), cap, K // 128, "cuda").copy_(a_s)  # DeepGEMM's layout
-    masked = torch.full((e,), m, dtype=torch.int32, device="cuda")
+    a, a_s, b, b_s, masked = down_operands(e, cap, m, seed=e * 1000 + m)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
     ref = torch.bmm(fp8.dequant_per_token_group(a[:, :m], a_s[:, :m]),
                     fp8.dequant_per_block(b, b_s).transpose(1, 2))  # [E, M, N] fp64

@@ -137,7 +137,8 @@ try:
     if {launch!r}:
         Engine(**kwargs)  # refused by the hook before anything starts, or it would fail here
     else:  # what the hook does on the way into Engine.__init__, without starting servers
-        assert Engine.__init__.__wrapped__ is not Engine.__init__
+        hooks = [c.cell_contents for c in Engine.__init__.__closure__ or ()]
+        assert server_args._before_engine_init in hooks, "Engine.__init__ is not hooked"
         server_args._before_engine_init(None, **kwargs)
 except SettingsError as exc:
     print("REFUSED", exc)
@@ -155,7 +156,8 @@ def test_drift_refuses_overlap_asked_through_the_engine_api(kwargs: dict[str, ob
                                                             env: str) -> None:
     """Engine(**kwargs) builds a ServerArgs with no command line; the plugin's own flags come
     from $SGLANG_OVERLAP_ARGS. With the guard failed, asking for overlap either way is refused
-    when the ServerArgs is built; asking for nothing serves plain SGLang."""
+    on the way into Engine.__init__, before anything starts; asking for nothing serves plain
+    SGLang."""
     code = _ENGINE.format(patch=FAKE_VERSION, kwargs=kwargs, launch=bool(kwargs or env))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "SGLANG_OVERLAP_ARGS": env})
