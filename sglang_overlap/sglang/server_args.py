@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import types
 from typing import Any
 
 from sglang_overlap.settings import (
@@ -38,7 +37,6 @@ logger = logging.getLogger("sglang_overlap")
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
-ENGINE_INIT = "sglang.srt.entrypoints.engine.Engine.__init__"
 A2A_RESOLUTION_STEP = "handle_a2a_moe"
 A2A_RESOLUTION_TARGET = "sglang.srt.arg_groups.moe_hook.handle_a2a_moe"
 
@@ -80,16 +78,6 @@ def refuse_if_inert(settings: OverlapSettings) -> None:
     if "reason" in _inert and (asked or settings != OverlapSettings()):
         raise SettingsError(f"{_inert['reason']}; the overlap flags cannot be served (start "
                             "without them, or install a supported sglang)")
-
-
-def _before_engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """The Engine API builds its ServerArgs from keyword arguments, with no command line (the
-    plugin's own flags come from $SGLANG_OVERLAP_ARGS): with the guard failed, asking for overlap
-    there stops `Engine()` before anything starts. (ServerArgs is a msgspec Struct: its
-    __post_init__ cannot be hooked.)"""
-    if "reason" in _inert:
-        record = kwargs.get("server_args") or types.SimpleNamespace(**kwargs)
-        refuse_if_inert(state.settings_of(record))
 
 
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
@@ -188,9 +176,6 @@ HOOKS: tuple[HookSpec, ...] = (
     HookSpec(FROM_CLI_ARGS, _after_from_cli_args, "after",
              "validate the plugin's flags and carry them to every process on the record",
              "src:722947880991"),
-    HookSpec(ENGINE_INIT, _before_engine_init, "before",
-             "with the guard failed, refuse overlap asked through the Engine API too",
-             "src:96fa5f5924ea"),
 )
 
 RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
@@ -198,4 +183,4 @@ RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
 )
 
 # The hooks installed even when the guard failed (they only parse, validate and refuse).
-ALWAYS = frozenset({ADD_CLI_ARGS, FROM_CLI_ARGS, ENGINE_INIT})
+ALWAYS = frozenset({ADD_CLI_ARGS, FROM_CLI_ARGS})
