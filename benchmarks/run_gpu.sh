@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
-#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|all] [extra gpu_suite.py options for gemm]
+#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|dgsignal|all] [extra gpu_suite.py options for gemm]
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
 #     padded  the down GEMM in a padded buffer (capacity > rows, as served): DeepGEMM vs the
 #           fused kernel in both tile orders (benchmarks/bench_padded_gemm.py), the fused tests
-#     all   all three
+#     dgsignal  DeepGEMM's own kernel with the plugin's signal patch (kernels/deepgemm_signal.py):
+#           its GPU tests, then every producer against one plain DeepGEMM launch
+#           (benchmarks/bench_dg_signal.py; DG_PRINT_CONFIGS shows DeepGEMM's own configs)
+#     all   all four
 # Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
 # layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
 #
@@ -24,7 +27,9 @@
 #       A prebuilt extension is used when the tree holds deep_ep_cpp*.so, or deep_ep_cpp*.so.gz
 #       (unpacked here, e.g. a prebuilt *.so.gz copied in); otherwise the tree
 #       is built here in place (the recipe below, ~60 s on 16 cores, trees in parallel).
-#   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT
+#   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT;
+#       sgo/ the patched kernel's cubins (SGLANG_OVERLAP_CACHE; built anywhere with nvcc 13.0:
+#       python benchmarks/bench_dg_signal.py --compile-only, on a machine with deep_gemm 0.1.4.post1)
 set -uo pipefail
 MODE=${1:-sbo}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +48,7 @@ mkdir -p "$CACHE/work"
 [ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
 export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
 export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
+export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
@@ -128,6 +134,17 @@ if [ "$MODE" = padded ] || [ "$MODE" = all ]; then
     tests/gpu/test_signal_gemm.py > "$OUT/pytest_signal_gemm.txt" 2>&1 || rc=1
   echo "pytest (signal gemm): $(tail -1 "$OUT/pytest_signal_gemm.txt")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_signal_gemm.txt" | head -20
+fi
+if [ "$MODE" = dgsignal ] || [ "$MODE" = all ]; then
+  SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-12} python3 -m pytest -q \
+    -n ${PYTEST_WORKERS:-6} \
+    -p no:cacheprovider tests/gpu/test_deepgemm_signal.py > "$OUT/pytest_dg_signal.txt" 2>&1 || rc=1
+  echo "pytest (patched DeepGEMM): $(tail -1 "$OUT/pytest_dg_signal.txt")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_dg_signal.txt" | head -20
+  DG_PRINT_CONFIGS=1 python3 benchmarks/bench_dg_signal.py --json "$OUT/dg_signal.json" \
+    ${DGSIG_SHAPES:+--shapes $DGSIG_SHAPES} > "$OUT/dg_signal.log" 2>&1 || rc=1
+  sed -n '/^Copy bandwidth/,$p' "$OUT/dg_signal.log" | tee "$OUT/dg_signal.md"
+  grep -m 40 "GEMM type" "$OUT/dg_signal.log" | sort -u > "$OUT/dg_configs.txt"
 fi
 (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
 echo "run_gpu.sh $MODE exit $rc"
