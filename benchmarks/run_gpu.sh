@@ -144,7 +144,10 @@ if [ "$MODE" = dgsignal ] || [ "$MODE" = all ]; then
   DG_PRINT_CONFIGS=1 python3 benchmarks/bench_dg_signal.py --json "$OUT/dg_signal.json" \
     ${DGSIG_SHAPES:+--shapes $DGSIG_SHAPES} > "$OUT/dg_signal.log" 2>&1 || rc=1
   sed -n '/^Copy bandwidth/,$p' "$OUT/dg_signal.log" | tee "$OUT/dg_signal.md"
-  grep -m 40 "GEMM type" "$OUT/dg_signal.log" | sort -u > "$OUT/dg_configs.txt"
+  { grep -v -E '^(\{|\|)' "$OUT/dg_signal.log" | grep -i -E "layout|block|wave|config" | sort -u
+    for f in "$DG_JIT_CACHE_DIR"/cache/*/kernel.cu; do
+      [ -f "$f" ] && tr -s ' \n' ' ' < "$f" | grep -o "sm90_fp8_gemm_1d2d_impl<[^>]*>" && echo
+    done; } > "$OUT/dg_configs.txt" 2>&1
 fi
 (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
 echo "run_gpu.sh $MODE exit $rc"
