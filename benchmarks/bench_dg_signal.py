@@ -1,21 +1,25 @@
 """H200: the SBO signal producers against one plain DeepGEMM masked launch (issue #15's table).
 
 Per DeepSeek-V3 down-projection shape (K 2048, N 7168, fp8 1x128 / 128x128 scales), E local
-experts holding `rows` of C capacity rows each, CUDA-graph replays, median of 7 x 20, in
-microseconds, all in one process and one run:
+experts holding `rows` of C capacity rows each, in microseconds, all in one process and one
+run:
 
     dg          one plain DeepGEMM masked launch (sgl-deep-gemm 0.1.4.post1, its own config)
     pat plain   the patched kernel (kernels/deepgemm_signal.py), signals off, DeepGEMM's config
                 as `default_config` reproduces it: the launcher itself costs nothing
     pat block / pat expert   per-(expert, 64-row block) / per-expert signals, deferred
     pat eager   per-block signals raised right after each tile's stores
-    pat best    the fastest (block_m, block_n, stages) of a sweep, per-block signals, deferred
+    pat best    the fastest (block_m, block_n, multicast) of a sweep, per-block signals, deferred
+    best, expert  the same config with per-expert signals
     fused       the plugin's Triton producer (served config, per-expert signals)
     sliced      DeepGEMM launched on E/4 expert slices over two streams + signal stores
 
-Producers run on all 132 SMs here (the DeepGEMM launch does too); `pat best @N` repeats the best
-config on the SMs SBO leaves the GEMM. Achieved TB/s counts each operand read once and the output
-written once; `copy` is a device-to-device copy of 4 GiB measured in the same run (read + write).
+Producers run on all 132 SMs here (the DeepGEMM launch does too); `best @N SMs` repeats the best
+config on the SMs SBO leaves the GEMM. The variants are timed in interleaved rounds (each round
+replays every variant's graph in a rotating order), and each ratio is the median of the per-round
+ratios to DeepGEMM, so clock drift between variants cancels. Achieved TB/s counts each operand
+read once and the output written once; `copy` is a device-to-device copy measured in the same
+run (read + write).
 Every patched run is checked: NaN-poisoned output, valid rows against DeepGEMM's (bitwise for
 `pat plain`), blocks past masked_m untouched, every signal at its final value.
 
@@ -40,7 +44,8 @@ if str(ROOT) not in sys.path:
 N, K = 7168, 2048
 SMS = 132
 SERVED_SMS = 128  # 132 minus 3 send SMs, rounded down to even (DeepGEMM pairs SMs)
-SWEEP_N = (64, 96, 112, 128, 144, 160, 192)
+SWEEP_N = (112, 128, 160, 192)  # the fastest four of 64-192 in the 2026-12-04 sweep
+ROUNDS, REPLAYS = 9, 20
 
 
 def default_shapes() -> list[tuple[int, int, int]]:
@@ -53,6 +58,8 @@ def default_shapes() -> list[tuple[int, int, int]]:
 
 
 def sweep(e: int, cap: int, rows: int) -> list:
+    """Tile shapes with the most stages that fit, without and with TMA multicast (on A or B,
+    where the n tiles pair up)."""
     from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
 
     configs = []
@@ -61,7 +68,16 @@ def sweep(e: int, cap: int, rows: int) -> list:
             continue
         for bn in SWEEP_N:
             configs.append(DgSignalConfig(bm, bn, max_stages(bm, bn, K)))
+            if -(-N // bn) % 2 == 0:
+                for on_a in (False, True):
+                    configs.append(DgSignalConfig(bm, bn, max_stages(bm, bn, K), multicast=2,
+                                                  multicast_on_a=on_a))
     return configs
+
+
+def config_name(cfg) -> str:
+    mc = "" if cfg.multicast == 1 else f"+mc{'A' if cfg.multicast_on_a else 'B'}"
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.num_stages}{mc}{'+eager' if cfg.eager else ''}"
 
 
 def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
@@ -73,8 +89,8 @@ def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
     base = default_config(e, rows, cap, N, K, SMS)
     jobs = [(base, SMS, "none"), (base, SMS, "block"), (base, SMS, "expert"),
             (replace(base, eager=True), SMS, "block")]
-    jobs += [(cfg, SMS, "block") for cfg in sweep(e, cap, rows)]
-    jobs += [(cfg, SERVED_SMS, "block") for cfg in sweep(e, cap, rows)]
+    jobs += [(cfg, sms, mode) for cfg in sweep(e, cap, rows) for sms, mode in
+             ((SMS, "block"), (SMS, "expert"), (SERVED_SMS, "block"))]
     return jobs
 
 
@@ -106,18 +122,59 @@ def warm_dg(e: int, cap: int, rows: int) -> None:
 
 
 def copy_tbps() -> float:
+    """Device-to-device copy of 4 GiB (int64 elements), read + write, best of the medians of
+    two buffer sizes."""
     import torch
 
     from benchmarks.gpu_suite import graph_time_us
 
-    src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
-    src.random_(0, 255)
-    dst = torch.empty_like(src)
-    us = graph_time_us(lambda: dst.copy_(src), trials=5, replays=10)
-    return 2 * src.numel() / us / 1e6
+    best = 0.0
+    for numel in (2**29, 2**28):
+        src = torch.randint(0, 2**40, (numel,), dtype=torch.int64, device="cuda")
+        dst = torch.empty_like(src)
+        us = graph_time_us(lambda d=dst, s=src: d.copy_(s), trials=7, replays=10)
+        best = max(best, 2 * src.numel() * 8 / us / 1e6)
+        del src, dst
+    return best
+
+
+def interleaved(fns: dict, rounds: int = ROUNDS, replays: int = REPLAYS) -> dict:
+    """Each fn captured in a CUDA graph; then `rounds` rounds replay every graph `replays`
+    times, in a rotating order, timed with events. name -> per-round microseconds."""
+    import torch
+
+    graphs = {}
+    side = torch.cuda.Stream()
+    for name, fn in fns.items():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graphs[name] = graph
+    for graph in graphs.values():  # warm clocks
+        for _ in range(replays):
+            graph.replay()
+    times: dict = {name: [] for name in graphs}
+    names = list(graphs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1000 / replays)
+    return times
 
 
 def measure(e: int, cap: int, rows: int) -> dict:
+    import statistics
     from dataclasses import replace
 
     import torch
@@ -125,20 +182,15 @@ def measure(e: int, cap: int, rows: int) -> dict:
     from benchmarks.gpu_suite import down_operands, graph_time_us
     from sglang_overlap.kernels import deepgemm
     from sglang_overlap.kernels import deepgemm_signal as ds
-    from sglang_overlap.kernels.signal_gemm import (
-        default_config as tri_config,
-    )
-    from sglang_overlap.kernels.signal_gemm import (
-        grouped_gemm_fp8_signal,
-        new_signal,
-    )
+    from sglang_overlap.kernels.signal_gemm import default_config as tri_config
+    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal, new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=e * 1000 + cap + rows)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
     res: dict = {"E": e, "C": cap, "rows": rows}
-    nbytes = e * (N * K + rows * K + rows * N * 2) + b_s.numel() * 4 + e * rows * (K // 128) * 4
-    res["bytes"] = nbytes
+    res["bytes"] = (e * (N * K + rows * K + rows * N * 2) + b_s.numel() * 4
+                    + e * rows * (K // 128) * 4)
 
     def dg() -> None:
         deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, rows)
@@ -148,7 +200,6 @@ def measure(e: int, cap: int, rows: int) -> dict:
     torch.cuda.synchronize()
     want = out.clone()
     valid = torch.arange(cap, device="cuda")[None, :] < masked[:, None].long()
-    res["dg_us"] = graph_time_us(dg)
 
     def layout(cfg, granularity: str, sms: int):
         unit = cfg.block_m if granularity == "expert" else 64
@@ -156,25 +207,7 @@ def measure(e: int, cap: int, rows: int) -> dict:
                                block_n=cfg.block_n, hidden=N, num_sms=sms + 4, comm_num_sms=4,
                                granularity=granularity)  # type: ignore[arg-type]
 
-    def check(cfg, granularity: str | None, sms: int, bitwise: bool = False) -> bool:
-        lay = layout(cfg, granularity, sms) if granularity else None
-        sig = new_signal(lay, "cuda") if lay else None
-        out.fill_(float("nan"))
-        ds.masked_gemm_signal(a, a_s, b, b_s, out, masked, config=cfg, num_sms=sms, signal=sig,
-                              layout=lay)
-        torch.cuda.synchronize()
-        got, ref = out[valid], want[valid]
-        same = torch.equal(got, ref) if bitwise else (
-            not bool(got.isnan().any()) and float((got.float() - ref.float()).abs().max()) <
-            1e-2 * float(ref.float().abs().max()))
-        blocks = -(-masked.long() // cfg.block_m) * cfg.block_m
-        past = torch.arange(cap, device="cuda")[None, :] >= blocks[:, None]
-        ok = same and bool(out[past].isnan().all())
-        if lay is not None:
-            ok = ok and bool((sig.view(torch.int32) == lay.expect_value).all())
-        return ok
-
-    def timed(cfg, granularity: str | None, sms: int) -> float:
+    def producer(cfg, granularity: str | None, sms: int):
         lay = layout(cfg, granularity, sms) if granularity else None
         sig = new_signal(lay, "cuda") if lay else None
 
@@ -182,73 +215,87 @@ def measure(e: int, cap: int, rows: int) -> dict:
             ds.masked_gemm_signal(a, a_s, b, b_s, out, masked, config=cfg, num_sms=sms,
                                   signal=sig, layout=lay)
 
-        return graph_time_us(fn)
+        def check(bitwise: bool = False) -> bool:
+            if sig is not None:
+                sig.zero_()
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            got, ref = out[valid], want[valid]
+            same = torch.equal(got, ref) if bitwise else (
+                not bool(got.isnan().any()) and float((got.float() - ref.float()).abs().max())
+                < 1e-2 * float(ref.float().abs().max()))
+            blocks = -(-masked.long() // cfg.block_m) * cfg.block_m
+            past = torch.arange(cap, device="cuda")[None, :] >= blocks[:, None]
+            ok = same and bool(out[past].isnan().all())
+            if lay is not None:
+                ok = ok and bool((sig.view(torch.int32) == lay.expect_value).all())
+            return ok
+
+        return fn, check
 
     base = ds.default_config(e, rows, cap, N, K, SMS)
-    res["dg_config"] = [base.block_m, base.block_n, base.num_stages]
-    checks = {"plain": check(base, None, SMS, bitwise=True)}
-    res["pat_plain_us"] = timed(base, None, SMS)
-    for name, cfg, gran in (("block", base, "block"), ("expert", base, "expert"),
-                            ("eager", replace(base, eager=True), "block")):
-        checks[name] = check(cfg, gran, SMS)
-        res[f"pat_{name}_us"] = timed(cfg, gran, SMS)
-    best = None
-    res["sweep"] = {}
-    for cfg in sweep(e, cap, rows):
-        t = timed(cfg, "block", SMS)
-        res["sweep"][f"{cfg.block_m}x{cfg.block_n}x{cfg.num_stages}"] = round(t, 2)
-        if best is None or t < best[0]:
-            best = (t, cfg)
-    assert best is not None
-    res["best_us"], res["best_config"] = best[0], [best[1].block_m, best[1].block_n,
-                                                   best[1].num_stages]
-    checks["best"] = check(best[1], "block", SMS)
-    res["best_served_us"] = timed(best[1], "block", SERVED_SMS)
-    checks["best_served"] = check(best[1], "block", SERVED_SMS)
+    swept = {}
+    for cfg in sweep(e, cap, rows):  # a quick pass picks the best tile per signal form
+        swept[cfg] = graph_time_us(producer(cfg, "block", SMS)[0], trials=3, replays=20)
+    best = min(swept, key=swept.__getitem__)
+    res["sweep"] = {config_name(c): round(t, 2) for c, t in sorted(swept.items(),
+                                                                     key=lambda kv: kv[1])}
+    res["default_config"], res["best_config"] = config_name(base), config_name(best)
+    variants = {
+        "plain": producer(base, None, SMS),
+        "block": producer(base, "block", SMS),
+        "expert": producer(base, "expert", SMS),
+        "eager": producer(replace(base, eager=True), "block", SMS),
+        "best": producer(best, "block", SMS),
+        "best_expert": producer(best, "expert", SMS),
+        "best_served": producer(best, "block", SERVED_SMS),
+    }
+    checks = {name: check(bitwise=name == "plain") for name, (_, check) in variants.items()}
     res["checks"] = checks
-    # the other producers, same operands
     tcfg = tri_config(rows)
     tlay = plan_sbo_layout(num_local_experts=e, capacity=cap, block_m=tcfg.block_m,
                            block_n=tcfg.block_n, hidden=N, num_sms=SMS, comm_num_sms=1,
                            granularity="expert")
     tsig = new_signal(tlay, "cuda")
-    res["fused_us"] = graph_time_us(lambda: grouped_gemm_fp8_signal(
-        a, a_s, b, b_s, masked, out, config=tcfg, signal=tsig, layout=tlay,
-        num_programs=tcfg.programs(SMS)))
-    res["sliced_us"] = graph_time_us(lambda: deepgemm.sliced_masked_gemm_signal(
-        a, a_s, b, b_s, out, masked, rows, signal=tsig, layout=tlay,
-        slice_experts=max(1, e // 4), streams=2))
+    fns = {"dg": dg, **{name: fn for name, (fn, _) in variants.items()},
+           "fused": lambda: grouped_gemm_fp8_signal(
+               a, a_s, b, b_s, masked, out, config=tcfg, signal=tsig, layout=tlay,
+               num_programs=tcfg.programs(SMS)),
+           "sliced": lambda: deepgemm.sliced_masked_gemm_signal(
+               a, a_s, b, b_s, out, masked, rows, signal=tsig, layout=tlay,
+               slice_experts=max(1, e // 4), streams=2)}
+    times = interleaved(fns)
+    for name, ts in times.items():
+        res[f"{name}_us"] = statistics.median(ts)
+        res[f"{name}_ratio"] = statistics.median(t / d for t, d in zip(ts, times["dg"],
+                                                                          strict=True))
+    res["rounds"] = {name: [round(t, 2) for t in ts] for name, ts in times.items()}
     return res
 
 
 def table(results: list[dict], copy: float) -> str:
-    lines = [f"Copy bandwidth (same run): {copy:.2f} TB/s read+write.", "",
-             "| E | C | rows | DG plain | DG cfg | pat plain | / DG | pat block | / DG | "
-             "pat expert | / DG | pat eager | / DG | pat best (cfg) | / DG | best @128 SMs | "
-             "TB/s DG / best | % copy | fused | / DG | sliced | / DG | checked |",
-             "|" + "---|" * 24]
+    cols = [("plain", "pat plain"), ("block", "pat block"), ("expert", "pat expert"),
+            ("eager", "pat eager"), ("best", "pat best"), ("best_expert", "best, expert"),
+            ("best_served", f"best @{SERVED_SMS} SMs"), ("fused", "fused"),
+            ("sliced", "sliced")]
+    head = " | ".join(f"{label} | / DG" for _, label in cols)
+    lines = [f"Copy bandwidth (same run): {copy:.2f} TB/s read+write. Times: medians of "
+             f"{ROUNDS} interleaved rounds x {REPLAYS} graph replays (us); / DG: median of the "
+             "per-round ratios.", "",
+             f"| E | C | rows | DG plain | {head} | best config | TB/s DG / best | "
+             "% of copy | checked |", "|" + "---|" * (8 + 2 * len(cols))]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['E']} | {r['C']} | {r['rows']} | error: {r['error'][:120]} |")
+            lines.append(f"| {r['E']} | {r['C']} | {r['rows']} | error: {r['error'][:160]} |")
             continue
-        dg = r["dg_us"]
-
-        def ratio(key: str, r: dict = r, dg: float = dg) -> str:
-            return f"{r[key] / dg:.3f}"
-
-        tb_dg, tb_best = r["bytes"] / dg / 1e6, r["bytes"] / r["best_us"] / 1e6
+        cells = " | ".join(f"{r[f'{k}_us']:.1f} | {r[f'{k}_ratio']:.3f}" for k, _ in cols)
+        tb_dg, tb_best = r["bytes"] / r["dg_us"] / 1e6, r["bytes"] / r["best_us"] / 1e6
         bad = [k for k, ok in r["checks"].items() if not ok]
-        lines.append(
-            f"| {r['E']} | {r['C']} | {r['rows']} | {dg:.1f} | "
-            f"{'x'.join(map(str, r['dg_config']))} | {r['pat_plain_us']:.1f} | "
-            f"{ratio('pat_plain_us')} | {r['pat_block_us']:.1f} | {ratio('pat_block_us')} | "
-            f"{r['pat_expert_us']:.1f} | {ratio('pat_expert_us')} | {r['pat_eager_us']:.1f} | "
-            f"{ratio('pat_eager_us')} | {r['best_us']:.1f} "
-            f"({'x'.join(map(str, r['best_config']))}) | {ratio('best_us')} | "
-            f"{r['best_served_us']:.1f} | {tb_dg:.2f} / {tb_best:.2f} | "
-            f"{100 * tb_best / copy:.0f} | {r['fused_us']:.1f} | {ratio('fused_us')} | "
-            f"{r['sliced_us']:.1f} | {ratio('sliced_us')} | "
-            f"{'ok' if not bad else 'FAIL ' + ','.join(bad)} |")
+        checked = "ok" if not bad else "FAIL " + ",".join(bad)
+        lines.append(f"| {r['E']} | {r['C']} | {r['rows']} | {r['dg_us']:.1f} | {cells} | "
+                     f"{r['best_config']} | {tb_dg:.2f} / {tb_best:.2f} | "
+                     f"{100 * tb_best / copy:.0f} | {checked} |")
     return "\n".join(lines)
 
 

@@ -247,18 +247,20 @@ def swizzle_mode(block_n: int) -> int:
     raise ValueError(f"block_n {block_n} is not a multiple of 8")
 
 
-def smem_size(block_m: int, block_n: int, stages: int, k: int) -> int:
-    """Dynamic shared memory of one CTA (DeepGEMM's SM90 get_smem_config for this kernel)."""
+def smem_size(block_m: int, block_n: int, stages: int, k: int, signals: bool = True) -> int:
+    """Dynamic shared memory of one CTA (DeepGEMM's SM90 get_smem_config for this kernel), plus
+    the patch's 4 signal-handoff barriers when `signals`."""
     def align(x: int, to: int) -> int:
         return -(-x // to) * to
 
     cd = align(block_m * block_n * 2, 1024)
     per_stage = block_m * BLOCK_K + block_n * BLOCK_K + align(block_m * 4, 128)  # A, B, A scales
     sfb = align(-(-k // BLOCK_K) * 4 * (1 if BLOCK_K % block_n == 0 else 2), 8)  # B scales
-    return cd + stages * per_stage + sfb + stages * 2 * 8  # + full / empty barriers
+    return cd + stages * per_stage + sfb + stages * 2 * 8 + (32 if signals else 0)  # barriers
 
 
 def max_stages(block_m: int, block_n: int, k: int) -> int:
+    """The most pipeline stages that fit (signal barriers included)."""
     for stages in range(32, 0, -1):
         if smem_size(block_m, block_n, stages, k) <= SMEM_CAPACITY:
             return stages
@@ -267,14 +269,18 @@ def max_stages(block_m: int, block_n: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class DgSignalConfig:
-    """One instantiation of the patched kernel (multicast off: DeepGEMM uses it only at 512 rows
-    per expert and more)."""
+    """One instantiation of the patched kernel."""
 
     block_m: int
     block_n: int
     num_stages: int
     eager: bool = False
-    """Signal right after each tile's stores (one warp waits for them) instead of deferred."""
+    """Hand a tile to the signalling lane right after its stores (the store threads wait for
+    them) instead of at the next tile's store wait (deferred: no wait on the math path)."""
+    multicast: int = 1
+    """CTAs of a cluster sharing one TMA load (1 or 2; DeepGEMM's kNumTMAMulticast)."""
+    multicast_on_a: bool = False
+    """The shared load is A's (two n tiles of one m block) instead of B's."""
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -284,6 +290,15 @@ class DgSignalConfig:
                              f"(got {self.block_n})")
         if self.num_stages < 1:
             raise ValueError(f"num_stages must be >= 1 (got {self.num_stages})")
+        if self.multicast not in (1, 2):
+            raise ValueError(f"multicast must be 1 or 2 (got {self.multicast})")
+
+    def check_launch(self, n: int, num_sms: int) -> None:
+        """ValueError when this config cannot run on `num_sms` SMs for output width `n`."""
+        if self.multicast > 1 and (num_sms % self.multicast or -(-n // self.block_n) % 2):
+            raise ValueError(f"multicast {self.multicast} needs an even SM count and an even "
+                             f"number of n tiles (num_sms={num_sms}, N={n}, "
+                             f"block_n={self.block_n})")
 
     @property
     def math_threads(self) -> int:
@@ -293,8 +308,8 @@ class DgSignalConfig:
     def threads(self) -> int:
         return TMA_THREADS + self.math_threads
 
-    def smem(self, k: int) -> int:
-        return smem_size(self.block_m, self.block_n, self.num_stages, k)
+    def smem(self, k: int, signals: bool = True) -> int:
+        return smem_size(self.block_m, self.block_n, self.num_stages, k, signals)
 
 
 def default_config(num_groups: int, expected_m: int, capacity: int, n: int, k: int,
@@ -340,7 +355,7 @@ def kernel_source(config: DgSignalConfig, *, num_groups: int, n: int, k: int, nu
     args = ", ".join(str(x) for x in (
         0, n, k, num_groups, config.block_m, config.block_n, BLOCK_K, 128, 128,
         swizzle_mode(config.block_n), config.num_stages, TMA_THREADS, config.math_threads,
-        1, "false", num_sms))
+        config.multicast, "true" if config.multicast_on_a else "false", num_sms))
     return (f"#include <{KERNEL_HEADER}>\n\nusing namespace deep_gemm;\n\n"
             "static void __instantiate_kernel() {\n"
             "    auto ptr = reinterpret_cast<void*>(&sm90_fp8_gemm_1d2d_impl<\n"
@@ -388,6 +403,28 @@ def _nvcc_version(nvcc: Path) -> str:
     return _NVCC_VERSIONS[nvcc]
 
 
+class _ClusterDim(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", _ClusterDim)]
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+
+
 class _Driver:
     """The few CUDA driver calls the launch needs, through ctypes (no extra dependency)."""
 
@@ -410,6 +447,8 @@ class _Driver:
             "cuLaunchKernel": [vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp,
                                ctypes.POINTER(vp), ctypes.POINTER(vp)],
+            "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), vp, ctypes.POINTER(vp),
+                                 ctypes.POINTER(vp)],
         }
         for name, argtypes in sig.items():
             fn = getattr(lib, name)
@@ -421,6 +460,20 @@ class _Driver:
             self.lib.cuGetErrorString(result, ctypes.byref(text))
             raise DgSignalError(f"{what} failed: CUDA error {result} "
                                 f"({(text.value or b'?').decode()})")
+
+    def launch(self, func: int, grid: int, block: int, smem: int, stream: int, cluster: int,
+               params: ctypes.Array[ctypes.c_void_p]) -> None:
+        if cluster == 1:
+            self.check(self.lib.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, smem,
+                                               ctypes.c_void_p(stream), params, None),
+                       "cuLaunchKernel(patched DeepGEMM masked GEMM)")
+            return
+        attr = _LaunchAttribute(id=_CLUSTER_DIMENSION)
+        attr.value.cluster_dim = _ClusterDim(cluster, 1, 1)
+        config = _LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(block, 1, 1),
+                               smem, ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
+        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), func, params, None),
+                   f"cuLaunchKernelEx(patched DeepGEMM masked GEMM, cluster {cluster})")
 
     def load_kernel(self, cubin: bytes, smem: int) -> int:
         module = ctypes.c_void_p()
@@ -498,7 +551,7 @@ def kernel(config: DgSignalConfig, *, device: int, num_groups: int, n: int, k: i
         text = kernel_source(config, num_groups=num_groups, n=n, k=k, num_sms=num_sms,
                              mode=mode, unit_m=unit_m)
         cubin = compile_cubin(text, _include())
-        func = _driver().load_kernel(cubin.read_bytes(), config.smem(k))
+        func = _driver().load_kernel(cubin.read_bytes(), config.smem(k, mode != "none"))
         _FUNCS[key] = func
     return func
 
@@ -611,6 +664,7 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         raise ValueError("signal and layout go together")
     if num_sms < 1:
         raise ValueError(f"num_sms must be >= 1 (got {num_sms})")
+    config.check_launch(n, num_sms)
     a_scale = mn_major_scales(a_scale)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(device):
@@ -631,7 +685,5 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                    ctypes.c_uint32(c), ctypes.c_uint32(n), ctypes.c_uint32(k)]
         params = (ctypes.c_void_p * (len(scalars) + len(maps)))(
             *[ctypes.addressof(v) for v in scalars], *[m.address for m in maps])
-        stream = torch.cuda.current_stream(device).cuda_stream
-        drv.check(drv.lib.cuLaunchKernel(func, num_sms, 1, 1, config.threads, 1, 1,
-                                         config.smem(k), ctypes.c_void_p(stream), params, None),
-                  "cuLaunchKernel(patched DeepGEMM masked GEMM)")
+        drv.launch(func, num_sms, config.threads, config.smem(k, mode != "none"),
+                   torch.cuda.current_stream(device).cuda_stream, config.multicast, params)

@@ -65,14 +65,17 @@ def run(case, config, *, layout=None, signal=None, num_sms: int = 132, out=None)
     return out
 
 
-def random_config(rng: random.Random, cap: int):
+def random_config(rng: random.Random, cap: int, n: int = 7168):
+    """A random legal config; multicast where the n tiles pair up (use an even SM count)."""
     from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
 
     bm = 128 if cap % 128 == 0 and rng.random() < 0.4 else 64
     bn = rng.choice([64, 112, 128, 144, 160, 192])
     stages = rng.choice([max_stages(bm, bn, 2048), 3])
+    multicast = 2 if -(-n // bn) % 2 == 0 and rng.random() < 0.5 else 1
     return DgSignalConfig(bm, bn, min(stages, max_stages(bm, bn, 2048)),
-                          eager=rng.random() < 0.5)
+                          eager=rng.random() < 0.5, multicast=multicast,
+                          multicast_on_a=rng.random() < 0.5)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -87,7 +90,7 @@ def test_matches_deepgemm_and_fp64(seed: int) -> None:
     cap = rng.choice([64, 128, 256])
     n, k = rng.choice([(7168, 2048), (4096, 7168), (2048, 512)])
     case = dg_case(seed, e, cap, n, k, zero_experts=rng.randint(0, min(e, 3)))
-    config = random_config(rng, cap)
+    config = random_config(rng, cap, n)
     granularity = rng.choice(["expert", "block"])
     unit = config.block_m if granularity == "expert" else 64
     layout = layout_for(case, granularity, unit, config.block_n, comm_sms=4)
