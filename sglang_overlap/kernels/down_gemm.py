@@ -1,21 +1,26 @@
 """THE SBO down GEMM: the one entry that both the SGLang glue and the DeepGEMM expert runner call.
 
 A signal-emitting down GEMM must tell the combine send which output units are final while it
-still runs. Two producers exist (see `signal_gemm.py` for both forms):
+still runs. Three producers exist:
 
-- fused: the plugin's Triton fp8 masked GEMM, one release atomic per finished tile;
+- deepgemm: DeepGEMM's own SM90 masked kernel with the plugin's signal patch, built from the
+  installed deep_gemm's headers (`deepgemm_signal.py`; sgl-deep-gemm 0.1.4.post1 only);
+- fused: the plugin's Triton fp8 masked GEMM, one release atomic per finished tile
+  (`signal_gemm.py`);
 - sliced: unmodified DeepGEMM launched per slice of experts, each slice followed by a store of
   its units' final values (`deepgemm.sliced_masked_gemm_signal`).
 
 `choose_signal_path` picks one per shape from the H200 measurements
-(`benchmarks/results/h200_signal_gemm.md`); `signal_layout` is the single place the signal buffer
-of a served down GEMM is laid out; `signal_down_gemm` runs the chosen producer.
+(`benchmarks/results/h200_dg_signal.md`, `h200_signal_gemm.md`); the layout functions here are
+the single place the signal buffer of a served down GEMM is laid out, with the chosen producer's
+tiles; `signal_down_gemm` runs the chosen producer.
 
 Legend: E local experts, C capacity rows per expert, K = moe intermediate, N = hidden.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +33,8 @@ from sglang_overlap.kernels.combine_overlap import (
     check_layout_for_combine,
     combine_send_num_sms,
 )
+from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError, max_stages
+from sglang_overlap.kernels.deepgemm_signal import probe as probe_deepgemm_signal
 from sglang_overlap.kernels.signal_gemm import (
     SignalGemmConfig,
     default_config,
@@ -36,29 +43,101 @@ from sglang_overlap.kernels.signal_gemm import (
 from sglang_overlap.planning.sbo_layout import Granularity, SboLayout, plan_sbo_layout
 from sglang_overlap.planning.sbo_path import CombineForm
 
+log = logging.getLogger(__name__)
+
 # sgl-deep-gemm 0.1.4.post1's masked GEMM writes wrong rows at per-expert capacity 16 / 32
 # (seen on the H200): DeepGEMM slices run only where the capacity is a multiple of this.
 DEEPGEMM_CAPACITY_ALIGN = 64
+
+# The patched DeepGEMM producer's tile (block_m, block_n) per local-expert bucket and rows per
+# expert: the fastest of the H200 sweep with per-block signals (2026-12-04, 24 shapes,
+# benchmarks/results/h200_dg_signal.md). Buckets: E <= 8, <= 16, more; rows <= 64, <= 128, more.
+DG_SIGNAL_TILES: dict[int, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = {
+    8: ((64, 160), (128, 160), (128, 192)),
+    16: ((64, 128), (128, 128), (128, 160)),
+    32: ((64, 160), (128, 160), (128, 192)),
+}
 
 
 @dataclass(frozen=True)
 class SignalPlan:
     """How the down GEMM emits SBO signals."""
 
-    path: Literal["fused", "sliced"]
-    """fused: the Triton kernel's per-tile atomics; sliced: DeepGEMM launches per expert slice."""
+    path: Literal["deepgemm", "fused", "sliced"]
+    """deepgemm: DeepGEMM's kernel with the signal patch; fused: the Triton kernel's per-tile
+    atomics; sliced: DeepGEMM launches per expert slice."""
     slice_experts: int = 0
     """Experts per DeepGEMM launch (sliced only)."""
     streams: int = 1
     """Streams the slices alternate over (sliced only)."""
     why: str = ""
     """One line: the measurement or constraint behind the choice."""
+    dg_config: DgSignalConfig | None = None
+    """The patched kernel's tile (deepgemm only)."""
+
+
+_DG_SIGNAL_UNAVAILABLE: list[str] = []  # why the patched producer cannot run (cached, logged once)
+
+
+def deepgemm_signal_unavailable() -> str | None:
+    """None when the patched DeepGEMM producer can run here, else why not (logged once per
+    process: the Triton and sliced producers are served instead)."""
+    if not _DG_SIGNAL_UNAVAILABLE:
+        why = probe_deepgemm_signal()
+        _DG_SIGNAL_UNAVAILABLE.append(why or "")
+        if why:
+            log.info("sglang-overlap SBO down GEMM: the patched DeepGEMM producer is unavailable "
+                     "(%s); serving the Triton / sliced producers", why)
+    return _DG_SIGNAL_UNAVAILABLE[0] or None
+
+
+def _deepgemm_signal_failed(exc: Exception) -> None:
+    _DG_SIGNAL_UNAVAILABLE[:] = [f"failed at run time: {exc}"]
+    log.warning("sglang-overlap SBO down GEMM: the patched DeepGEMM producer failed (%s); "
+                "serving the Triton / sliced producers from now on", exc)
+
+
+def dg_signal_config(num_local_experts: int, expected_m: int, capacity: int,
+                     k: int = 2048) -> DgSignalConfig:
+    """The patched kernel's served tile for this shape (`DG_SIGNAL_TILES`; 128-row tiles only
+    where they divide the capacity), with the most stages that fit."""
+    bucket = 8 if num_local_experts <= 8 else 16 if num_local_experts <= 16 else 32
+    small, mid, large = DG_SIGNAL_TILES[bucket]
+    block_m, block_n = small if expected_m <= 64 else mid if expected_m <= 128 else large
+    if capacity % block_m:
+        block_m = 64
+    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k))
+
+
+def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSignalConfig | None:
+    """The patched kernel's config whose tiles count `layout`'s units: the plan's tile when the
+    layout was laid out for it (`plan_tiles`), else one with the layout's block_n (and block_m
+    per expert); None when no legal tile does (the caller then runs DeepGEMM slices)."""
+    from sglang_overlap.kernels.deepgemm_signal import block_n_candidates
+
+    assert plan.dg_config is not None
+    block_m, block_n = plan.dg_config.block_m, layout.block_n
+    if layout.granularity == "expert":
+        block_m = layout.block_m
+    elif block_m % layout.block_m:
+        block_m = layout.block_m
+    if (block_n not in block_n_candidates() or block_m not in (64, 128)
+            or layout.capacity % block_m):
+        return None
+    if (block_m, block_n) == (plan.dg_config.block_m, plan.dg_config.block_n):
+        return plan.dg_config
+    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k))
 
 
 def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:
     """The fastest signal-emitting down GEMM for this shape, by the H200 tables (DeepSeek-V3 down
-    projection, N 7168, K 2048, CUDA graphs; benchmarks/results/h200_signal_gemm.md,
-    h200_padded_gemm.md, h200_sbo_layer.md):
+    projection, N 7168, K 2048, CUDA graphs; benchmarks/results/h200_dg_signal.md,
+    h200_signal_gemm.md, h200_padded_gemm.md, h200_sbo_layer.md):
+
+    - the patched DeepGEMM kernel wherever it can run (sgl-deep-gemm 0.1.4.post1 and nvcc; the
+      capacity a multiple of 64): 0.94-1.04x one plain DeepGEMM launch at every measured shape
+      (E 8/16/32, 1-256 rows, padded or not), the fastest producer at each of them
+      (2026-12-04, interleaved rounds); otherwise, as measured before it:
 
     - fused for few experts while the GEMM is memory-bound and the buffer is not padded (E < 16,
       <= 64 rows, capacity = the rows rounded up to 64: 1.03-1.09x one DeepGEMM launch);
@@ -71,6 +150,10 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
 
     Capacities DeepGEMM mis-computes always take the fused kernel."""
     e = num_local_experts
+    if capacity % DEEPGEMM_CAPACITY_ALIGN == 0 and deepgemm_signal_unavailable() is None:
+        return SignalPlan("deepgemm", why="H200: DeepGEMM's kernel with the signal patch is the "
+                          "fastest producer at every measured shape",
+                          dg_config=dg_signal_config(e, expected_m, capacity))
     if capacity % DEEPGEMM_CAPACITY_ALIGN:
         return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
                           f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM 0.1.4 mis-computes it)")
@@ -86,14 +169,25 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
     return SignalPlan("sliced", max(1, e // 4), 2, why="H200: E/4 slices on two streams fastest")
 
 
+def plan_tiles(plan: SignalPlan, expected_m: int, granularity: Granularity) -> tuple[int, int]:
+    """(block_m, block_n) of the signal units `plan`'s producer counts: the patched kernel's
+    tile (per block: 64-row units, each tile covering one or two), else the fused kernel's for
+    `expected_m` (the sliced path marks whole experts, so any unit size serves it)."""
+    if plan.dg_config is not None:
+        block_m = PER_BLOCK_SIGNAL_ROWS if granularity == "block" else plan.dg_config.block_m
+        return block_m, plan.dg_config.block_n
+    config = default_config(expected_m)
+    return config.block_m, config.block_n
+
+
 def signal_layout(*, num_local_experts: int, capacity: int, hidden: int, expected_m: int,
                   granularity: Granularity, num_sms: int, comm_num_sms: int) -> SboLayout:
     """The signal buffer of a served down GEMM `[E, C, K] x [E, N, K] -> [E, C, N]`: units follow
-    the fused kernel's tiles for `expected_m` rows per expert (the sliced path marks whole
-    experts, so any unit size serves it)."""
-    config = default_config(expected_m)
+    the tiles of the producer `choose_signal_path` picks for this shape (`plan_tiles`)."""
+    plan = choose_signal_path(num_local_experts, expected_m, capacity)
+    block_m, block_n = plan_tiles(plan, expected_m, granularity)
     return plan_sbo_layout(num_local_experts=num_local_experts, capacity=capacity,
-                           block_m=config.block_m, block_n=config.block_n, hidden=hidden,
+                           block_m=block_m, block_n=block_n, hidden=hidden,
                            num_sms=num_sms, comm_num_sms=comm_num_sms, granularity=granularity)
 
 
@@ -115,13 +209,15 @@ def combine_signal_layout(form: CombineForm, *, num_local_experts: int, world_si
     if form == "per_expert":
         held = max(held, HYBRID_SEND_MAX_SMS)
     usable = held + (num_sms - held) // 2 * 2  # the GEMM's share rounded down to even
-    config = default_config(expected_m)
-    block_m = PER_BLOCK_SIGNAL_ROWS if form == "per_block" else config.block_m
-    layout = plan_sbo_layout(num_local_experts=num_local_experts,
-                             capacity=num_max_dispatch_tokens_per_rank * world_size,
-                             block_m=block_m, block_n=config.block_n, hidden=hidden,
-                             num_sms=usable, comm_num_sms=held,
-                             granularity=FORM_GRANULARITY[form])  # type: ignore[arg-type]
+    capacity = num_max_dispatch_tokens_per_rank * world_size
+    granularity: Granularity = FORM_GRANULARITY[form]  # type: ignore[assignment]
+    plan = choose_signal_path(num_local_experts, expected_m, capacity)
+    block_m, block_n = plan_tiles(plan, expected_m, granularity)
+    if form == "per_block":
+        block_m = PER_BLOCK_SIGNAL_ROWS
+    layout = plan_sbo_layout(num_local_experts=num_local_experts, capacity=capacity,
+                             block_m=block_m, block_n=block_n, hidden=hidden,
+                             num_sms=usable, comm_num_sms=held, granularity=granularity)
     check_layout_for_combine(layout, form, num_max_dispatch_tokens_per_rank=(
         num_max_dispatch_tokens_per_rank), num_ranks=world_size)
     return layout
@@ -157,6 +253,21 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                          f"{a_scale.dtype} / {b_scale.dtype} (UE8M0 scales are Blackwell-only)")
     sms = compute_num_sms or layout.compute_num_sms
     plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
+    if plan.path == "deepgemm":
+        from sglang_overlap.kernels import deepgemm_signal
+
+        config = dg_config_for_layout(plan, layout, a.shape[2])
+        try:
+            if config is not None:
+                deepgemm_signal.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
+                                                   config=config, num_sms=sms, signal=signal,
+                                                   layout=layout)
+                return SignalPlan("deepgemm", why=plan.why, dg_config=config)
+        except DgSignalError as exc:  # nvcc or the driver refused: never again this process
+            _deepgemm_signal_failed(exc)
+        plan = SignalPlan("sliced", max(1, layout.num_local_experts // 4), 2,
+                          why="a layout the patched DeepGEMM tiles cannot count, or its "
+                          "failure: DeepGEMM slices mark any layout")
     if plan.path == "sliced":
         with num_sms_scope(sms):
             sliced_masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m, expected_m,
