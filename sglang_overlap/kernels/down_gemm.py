@@ -236,6 +236,34 @@ def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:
                             m_inner=full and layout.num_local_experts >= 32)
 
 
+def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
+                             device: torch.device | int) -> SignalPlan:
+    """Build and load, without launching, the producer `signal_down_gemm` will run for
+    `layout` (the patched DeepGEMM kernel is one module per shape). Call it before launching a
+    combine send that spins on the signal: loading a module while a kernel spins waits for a
+    device that never goes idle (seen on the H200: the send launched first, the producer's first
+    load behind it, hung). Returns the plan."""
+    plan = choose_signal_path(layout.num_local_experts, expected_m, layout.capacity)
+    if plan.path != "deepgemm":
+        return plan
+    from sglang_overlap.kernels import deepgemm_signal
+
+    config = dg_config_for_layout(plan, layout, k)
+    if config is None:
+        return plan
+    index = device if isinstance(device, int) else (
+        device.index if device.index is not None else torch.cuda.current_device())
+    mode, unit_m = deepgemm_signal.layout_mode(layout, config, layout.hidden)
+    try:
+        with torch.cuda.device(index):
+            deepgemm_signal.kernel(config, device=index, num_groups=layout.num_local_experts,
+                                   n=layout.hidden, k=k, num_sms=layout.compute_num_sms,
+                                   mode=mode, unit_m=unit_m)
+    except DgSignalError as exc:
+        _deepgemm_signal_failed(exc)
+    return plan
+
+
 def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                      b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
                      expected_m: int, *, signal: torch.Tensor, layout: SboLayout,

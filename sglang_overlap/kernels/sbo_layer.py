@@ -19,7 +19,10 @@ The send therefore never precedes its producer in any stream, and every kernel t
 depends on is launched - so loaded: CUDA's lazy loading may synchronise the context at a
 kernel's first launch, and that waits for a spinning send - before the send can spin. The send
 holds `combine_send_num_sms` whole SMs (cooperative grid); the producer is not cooperative and
-is sized for the other SMs, so it progresses whatever the send holds.
+is sized for the other SMs, so it progresses whatever the send holds. Whatever the order a
+caller picks, `combine_send` first builds and loads the producer's module
+(`down_gemm.prepare_signal_down_gemm`: the patched DeepGEMM kernel is one module per shape, and
+loading one while a send spins waits for the device to go idle - seen on the H200).
 
 Legend: T tokens of this rank, K top-k, H hidden, I moe intermediate, E global experts,
 L = E_local local experts, N num_max_dispatch_tokens_per_rank, W ranks, C = N * W.
@@ -36,7 +39,11 @@ import torch
 
 from sglang_overlap.kernels import deepgemm, fp8
 from sglang_overlap.kernels.combine_overlap import layout_overlap_kwargs
-from sglang_overlap.kernels.down_gemm import combine_signal_layout, signal_down_gemm
+from sglang_overlap.kernels.down_gemm import (
+    combine_signal_layout,
+    prepare_signal_down_gemm,
+    signal_down_gemm,
+)
 from sglang_overlap.kernels.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels.signal_gemm import new_signal, num_sms
 from sglang_overlap.planning.sbo_layout import SboLayout, default_comm_num_sms
@@ -184,6 +191,9 @@ class DeepEPSboLayer:
         kwargs: dict[str, Any] = {}
         if signal is not None:
             assert layout is not None and self.form is not None
+            # the producer's kernel must be loaded before a send spins on its signal
+            prepare_signal_down_gemm(layout, d.expected_m, self.weights.experts.w2.shape[2],
+                                     out.device)
             kwargs = layout_overlap_kwargs(self.form, layout, signal, d.count,
                                            num_sms=layout.comm_num_sms)
         combined, _event, hook = self.buffer.low_latency_combine(
