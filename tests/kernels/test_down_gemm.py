@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from sglang_overlap.kernels import down_gemm
+from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError
 from sglang_overlap.kernels.down_gemm import (
     DEEPGEMM_CAPACITY_ALIGN,
     choose_signal_path,
+    combine_signal_layout,
+    dg_config_for_layout,
     fused_config,
     signal_layout,
 )
 from sglang_overlap.kernels.signal_gemm import default_config
+from sglang_overlap.planning.sbo_layout import plan_sbo_layout
+
+
+@pytest.fixture(autouse=True)
+def patched_deepgemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the patched DeepGEMM producer counts as available: no (its tables are the
+    fallback's) unless a test is marked `dg_available`. Its real availability is probed in
+    test_probe_result_is_cached_and_logged_once."""
+    available = request.node.get_closest_marker("dg_available") is not None
+    monkeypatch.setattr(down_gemm, "_DG_SIGNAL_UNAVAILABLE",
+                        [""] if available else ["not in this test"])
+
+
+dg_available = pytest.mark.dg_available
 
 
 @pytest.mark.parametrize(
@@ -77,3 +97,85 @@ def test_signal_layout_follows_the_fused_tiles(expected_m: int, granularity: str
         layout.block_m, layout.block_n, tiles.num_warps)
     assert cfg.programs(layout.compute_num_sms) == layout.compute_num_sms * max(
         1, tiles.ctas_per_sm)
+
+
+@dg_available
+@pytest.mark.parametrize(("experts", "m", "capacity", "tile"), [
+    (8, 1, 256, (64, 160)), (8, 64, 256, (64, 160)), (8, 128, 128, (128, 160)),
+    (8, 256, 256, (128, 192)), (16, 32, 64, (64, 128)), (16, 100, 256, (128, 128)),
+    (16, 256, 256, (128, 160)), (32, 64, 256, (64, 160)), (32, 128, 128, (128, 160)),
+    (64, 256, 512, (128, 192)),
+    (8, 128, 192, (64, 160)),  # 128-row tiles do not divide the capacity
+])
+def test_patched_deepgemm_is_served_with_the_measured_tiles(experts: int, m: int, capacity: int,
+                                                            tile: tuple[int, int]) -> None:
+    plan = choose_signal_path(experts, m, capacity)
+    assert plan.path == "deepgemm" and plan.dg_config is not None, plan
+    assert (plan.dg_config.block_m, plan.dg_config.block_n) == tile
+    assert not plan.dg_config.eager and plan.dg_config.multicast == 1
+
+
+@dg_available
+def test_capacity_deepgemm_miscomputes_still_takes_the_fused_kernel() -> None:
+    assert choose_signal_path(8, 16, 96).path == "fused"
+
+
+@dg_available
+@pytest.mark.parametrize("granularity", ["block", "expert"])
+def test_layouts_follow_the_patched_tiles(granularity: str) -> None:
+    layout = signal_layout(num_local_experts=16, capacity=256, hidden=7168, expected_m=200,
+                           granularity=granularity, num_sms=132,  # type: ignore[arg-type]
+                           comm_num_sms=3)
+    assert layout.block_n == 160 and layout.n_tiles == 45  # (128, 160) for E 16, > 128 rows
+    assert layout.block_m == (64 if granularity == "block" else 128)
+    assert layout.expect_value == (45 if granularity == "block" else 2 * 45)
+    per_block = combine_signal_layout("per_block", num_local_experts=8, world_size=2,
+                                      num_max_dispatch_tokens_per_rank=128, num_tokens=64,
+                                      hidden=7168, expected_m=64, num_sms=132, comm_num_sms=3)
+    assert (per_block.block_m, per_block.block_n, per_block.expect_value) == (64, 160, 45)
+    assert per_block.compute_num_sms % 2 == 0
+
+
+@dg_available
+def test_a_layout_for_other_tiles_gets_a_matching_config() -> None:
+    plan = choose_signal_path(4, 64, 128)
+    foreign = plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=128,
+                              hidden=2048, num_sms=132, comm_num_sms=4, granularity="expert")
+    cfg = dg_config_for_layout(plan, foreign, 512)
+    assert cfg is not None and (cfg.block_m, cfg.block_n) == (64, 128)
+    odd = plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=100,
+                          hidden=2048, num_sms=132, comm_num_sms=4, granularity="block")
+    assert dg_config_for_layout(plan, odd, 512) is None  # 100 is no SM90 block_n: slices
+
+
+@dg_available
+def test_a_run_time_failure_falls_back_for_good(caplog: pytest.LogCaptureFixture) -> None:
+    assert choose_signal_path(8, 64, 256).path == "deepgemm"
+    with caplog.at_level(logging.WARNING, logger=down_gemm.__name__):
+        down_gemm._deepgemm_signal_failed(DgSignalError("nvcc failed"))
+    assert "nvcc failed" in caplog.text
+    plan = choose_signal_path(8, 64, 256)
+    assert plan.path == "sliced" and plan.dg_config is None
+    assert "failed at run time" in (down_gemm.deepgemm_signal_unavailable() or "")
+
+
+def test_probe_result_is_cached_and_logged_once(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The real probe of this environment (sglang 0.5.23 installs deep_gemm 0.2.x, which the
+    patch does not cover): one log line, then the cached answer."""
+    from sglang_overlap.kernels.deepgemm_signal import probe
+
+    monkeypatch.setattr(down_gemm, "_DG_SIGNAL_UNAVAILABLE", [])
+    why = probe()
+    with caplog.at_level(logging.INFO, logger=down_gemm.__name__):
+        first = down_gemm.deepgemm_signal_unavailable()
+        second = down_gemm.deepgemm_signal_unavailable()
+    assert first == second == why
+    lines = [r for r in caplog.records if "patched DeepGEMM producer" in r.getMessage()]
+    assert len(lines) == (1 if why else 0)
+
+
+def test_served_tiles_are_legal_configs() -> None:
+    for tiles in down_gemm.DG_SIGNAL_TILES.values():
+        for block_m, block_n in tiles:
+            DgSignalConfig(block_m, block_n, 4)  # raises on an illegal tile
