@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -144,19 +142,9 @@ def interleaved(fns: dict, rounds: int = ROUNDS, replays: int = REPLAYS) -> dict
     times, in a rotating order, timed with events. name -> per-round microseconds."""
     import torch
 
-    graphs = {}
-    side = torch.cuda.Stream()
-    for name, fn in fns.items():
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graphs[name] = graph
+    from benchmarks.gpu_suite import capture_graph
+
+    graphs = {name: capture_graph(fn) for name, fn in fns.items()}
     for graph in graphs.values():  # warm clocks
         for _ in range(replays):
             graph.replay()
@@ -314,18 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
         if args.shapes else default_shapes()
-    me = [sys.executable, str(Path(__file__).resolve())]
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    from benchmarks.gpu_suite import run_in_processes
+
     compile_all(todo, args.warm_workers)  # nvcc for the patched kernel, threads
     if args.compile_only:
         return 0
-    pending = list(todo)
-    while pending:  # DeepGEMM's own JIT, one process per shape
-        batch, pending = pending[:args.warm_workers], pending[args.warm_workers:]
-        for p in [subprocess.Popen([*me, "--warm-one", f"{e},{c},{r}"], env=env)
-                  for e, c, r in batch]:
-            p.wait()
+    run_in_processes([sys.executable, str(Path(__file__).resolve()), "--warm-one"],
+                     [f"{e},{c},{r}" for e, c, r in todo], args.warm_workers)  # DeepGEMM's JIT
     copy = copy_tbps()
     results = []
     for e, c, r in todo:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -135,16 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
         if args.shapes else shapes([int(x) for x in args.experts.split(",")])
-    me = [sys.executable, str(Path(__file__).resolve())]
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    pending = list(todo)
-    while pending:  # DeepGEMM JIT in parallel (nvcc), then every shape timed in this process
-        batch, pending = pending[:args.warm_workers], pending[args.warm_workers:]
-        procs = [subprocess.Popen([*me, "--warm-one", f"{e},{c},{r}"], env=env)
-                 for e, c, r in batch]
-        for p in procs:
-            p.wait()
+    from benchmarks.gpu_suite import run_in_processes
+
+    # DeepGEMM JIT in parallel (nvcc), then every shape timed in this process
+    run_in_processes([sys.executable, str(Path(__file__).resolve()), "--warm-one"],
+                     [f"{e},{c},{r}" for e, c, r in todo], args.warm_workers)
     results = []
     for e, c, r in todo:
         try:

@@ -35,7 +35,8 @@ LARGE_M = ((128, 128, 8, 3, 1, 1), (128, 128, 8, 4, 2, 1), (64, 128, 8, 4, 2, 1)
            (64, 128, 8, 3, 3, 1), (128, 64, 8, 4, 2, 1), (128, 64, 4, 4, 2, 1))
 
 
-def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) -> float:
+def capture_graph(fn: Callable[[], None]):
+    """`fn` run 3 times on a side stream (JIT, loads), then captured in a CUDA graph."""
     import torch
 
     side = torch.cuda.Stream()
@@ -48,6 +49,25 @@ def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) ->
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def run_in_processes(argv: list[str], jobs: list[str], workers: int) -> None:
+    """`argv + [job]` for every job, `workers` processes at a time (JIT warm-ups: a CUDA error
+    in one cannot poison the next), with this repo on PYTHONPATH."""
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    pending = list(jobs)
+    while pending:
+        batch, pending = pending[:workers], pending[workers:]
+        for proc in [subprocess.Popen([*argv, job], env=env) for job in batch]:
+            proc.wait()
+
+
+def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) -> float:
+    import torch
+
+    graph = capture_graph(fn)
     graph.replay()
     torch.cuda.synchronize()
     times = []
