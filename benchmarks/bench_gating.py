@@ -160,6 +160,8 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
                 ratio = paired_ratio(series, [x[key] for x in ref.rounds])
                 entry[key] = sum(series) / len(series)
                 entry[f"{key}_ratio"] = [ratio.ratio, ratio.low, ratio.high]
+            entry["rounds"] = {key: [x[key] for x in t.rounds] for key in (
+                "output_throughput", "mean_ttft_ms", "mean_itl_ms")}
             entry["gate"] = (t.gate or {}).get("chosen")
             data["servers"][t.label] = entry
             rows.append((t.label, entry, paired_ratio(
