@@ -15,11 +15,12 @@ the same point on every rank, so its inputs stay identical everywhere, and so do
 How they travel depends on the layout, and neither way adds a collective of its own per step:
 
 * `broadcast` (no attention DP: every TP rank runs the same batch, in lockstep through the
-  model's collectives): only the TP leader times its steps. Every --overlap-gating-sync-steps
+  model's collectives): only the TP leader times its steps. After --overlap-gating-sync-steps
   gate calls it attaches its new measurements (`GateShare`, a few (cell, count, total) triples)
-  to the request list SGLang broadcasts from it to the other TP ranks at the start of every
-  scheduler iteration anyway (`request_receiver.py`); each rank takes the share out of the list
-  and merges it there. The other ranks time nothing.
+  to the next request list SGLang broadcasts from it to the other TP ranks (at the start of every
+  scheduler iteration, anyway) that carries requests, or to an empty one after `RIDE_WAIT` times
+  as many calls (`request_receiver.py`); each rank takes the share out of the list and merges it
+  there. The other ranks time nothing.
 * `all_reduce` (attention DP: each DP rank runs its own batch): every
   --overlap-gating-sync-steps gate calls, `tick` sums the ranks' new measurements with one
   all-reduce over the tensor-parallel CPU group, sparse: one pair of integers per cell the gate
@@ -61,6 +62,7 @@ from sglang_overlap.sglang import state
 logger = logging.getLogger("sglang_overlap")
 
 TABLE_LOG_STEPS = 4096
+RIDE_WAIT = 4  # broadcast: a share waits this many sync periods for a list carrying requests
 _CELLS_PER_PHASE = NUM_BUCKETS * len(MODES)
 FLAG = "--overlap-hardware-profile"
 
@@ -190,11 +192,14 @@ class GateRuntime:
             self.record(cell, start.elapsed_time(end) * 1e3)
 
     # -- sharing: broadcast -----------------------------------------------------------------
-    def outgoing(self) -> GateShare | None:
+    def outgoing(self, riding: bool = True) -> GateShare | None:
         """On the TP leader, before SGLang broadcasts its request list: the measurements to
-        attach, once `sync_steps` gate calls have passed since the last share (None: nothing
-        to attach now)."""
-        if self.calls - self._shared_at < self.sync_steps:
+        attach (None: nothing now). `riding`: the list carries requests, so it is pickled and
+        sent anyway and a share costs nothing more; an empty list is one size message, which a
+        share would double. So a share waits `sync_steps` gate calls for a list that carries
+        requests, and goes on an empty one only after `RIDE_WAIT` times that."""
+        waited = self.calls - self._shared_at
+        if waited < self.sync_steps or (not riding and waited < RIDE_WAIT * self.sync_steps):
             return None
         self.poll()
         if not self._touched:

@@ -275,6 +275,13 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     share = leader.outgoing()
     assert share == gate.GateShare(((cell, 2, 4000),)) and leader.local.empty()
     assert leader.outgoing() is None, "one share per sync_steps calls"
+    leader.record(cell, 100.0)
+    for _ in range(4):
+        leader.tick()
+    assert leader.outgoing(riding=False) is None, "an empty list waits for 4 x sync_steps"
+    for _ in range(12):
+        leader.tick()
+    assert leader.outgoing(riding=False) == gate.GateShare(((cell, 1, 100),))
     for rt in (leader, follower):
         rt.incoming(share)
         assert rt.gate.table.count(cell) == 2 and rt.gate.table.mean(cell) == 2000.0
@@ -309,6 +316,12 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
     assert rt.gate.table.count(cell) == 1 and rt.syncs == 1
     out = request_receiver.broadcast_reqs(single_rank, None, [], None)  # nothing new: no share
     assert out == [] and sent[1] == []
+    rt.record(cell, 500.0)
+    rt.tick()
+    request_receiver.broadcast_reqs(single_rank, None, [], None)
+    assert sent[2] == [] and rt.gate.table.count(cell) == 1, "an empty list: not yet"
+    request_receiver.broadcast_reqs(single_rank, None, [], ["abort"])  # carries a request
+    assert sent[3] == [gate.GateShare(((cell, 1, 500),))] and rt.gate.table.count(cell) == 2
     gate.set_runtime(gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo"}))), sync_steps=1,
                                       cuda=False, setup="t"))  # all_reduce: hands straight on
     assert request_receiver.broadcast_reqs(single_rank, None, ["req"]) == ["req"]
@@ -365,8 +378,8 @@ BROADCAST_RANK = textwrap.dedent("""
     truth = {"none": 1000.0, "tbo": 1300.0, "sbo": 950.0}
     out, received = [], []
     for step in range(300):
-        reqs = request_receiver.broadcast_reqs(upstream, None,
-                                               [f"req{step}"] if rank == 0 else None)
+        mine = [f"req{step}"] if step % 9 == 0 else []  # mostly empty lists, as in decode
+        reqs = request_receiver.broadcast_reqs(upstream, None, mine if rank == 0 else None)
         received.append(reqs)
         rt.tick()
         d = rt.gate.decide("decode", [16 + (step // 50)])
@@ -375,7 +388,7 @@ BROADCAST_RANK = textwrap.dedent("""
         if cell is not None:
             rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
         out.append(d.reason)
-    assert received == [[f"req{i}"] for i in range(300)], received[:10]
+    assert received == [[f"req{i}"] if i % 9 == 0 else [] for i in range(300)], received[:10]
     print(json.dumps({"reasons": out, "syncs": rt.syncs, "timed": rank == 0 or rt.local.empty()}))
     dist.destroy_process_group()
 """)
@@ -397,7 +410,7 @@ def test_two_ranks_decide_identically(tmp_path: Path, script_text: str) -> None:
         assert p.returncode == 0, err[-3000:]
     seqs = [json.loads(o) for o, _ in outs]
     if script_text is BROADCAST_RANK:
-        assert seqs[0]["syncs"] == seqs[1]["syncs"] >= 50 and seqs[1]["timed"], seqs[1]["syncs"]
+        assert seqs[0]["syncs"] == seqs[1]["syncs"] >= 20 and seqs[1]["timed"], seqs[1]["syncs"]
         seqs = [s["reasons"] for s in seqs]
     assert seqs[0] == seqs[1]
     modes = [r.split(": ")[1].split(" ")[0] for r in seqs[0]]
