@@ -129,7 +129,9 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
 
         for i, name in enumerate(("none", "tbo", "auto")):
             start(name, i)
-        out.phases.append(measure(["none", "tbo", "auto"]))
+        # none and auto side by side in every round (forward, then backward: none auto tbo,
+        # tbo auto none): the ratio that decides the target pairs runs close in time
+        out.phases.append(measure(["none", "auto", "tbo"]))
         for name in ("none", "tbo", "auto"):
             out.tokens[name] = _greedy(servers[name])
         servers["tbo"].__exit__(None, None, None)
@@ -160,15 +162,18 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
                 ratio = paired_ratio(series, [x[key] for x in ref.rounds])
                 entry[key] = sum(series) / len(series)
                 entry[f"{key}_ratio"] = [ratio.ratio, ratio.low, ratio.high]
+            entry["rounds"] = {key: [x[key] for x in t.rounds] for key in (
+                "output_throughput", "mean_ttft_ms", "mean_itl_ms")}
             entry["gate"] = (t.gate or {}).get("chosen")
-            data["servers"][t.label] = entry
-            rows.append((t.label, entry, paired_ratio(
+            label = t.label if phase is r.phases[0] or t.label != "none" else "none (phase 2)"
+            data["servers"][label] = entry
+            rows.append((label, entry, paired_ratio(
                 [x["output_throughput"] for x in t.rounds],
                 [x["output_throughput"] for x in ref.rounds]).text()))
-    lines = [f"{'server':<11} {'out tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7}  "
+    lines = [f"{'server':<14} {'out tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7}  "
              f"{'throughput vs':<14} {'ratio [95% CI]':<24} steps per mode (gate)"]
     for label, e, text in rows:
-        lines.append(f"{label:<11} {e['output_throughput']:9.2f} {e['mean_ttft_ms']:8.1f} "
+        lines.append(f"{label:<14} {e['output_throughput']:9.2f} {e['mean_ttft_ms']:8.1f} "
                      f"{e['mean_itl_ms']:7.1f}  {e['vs']:<14} {text:<24} {e['gate'] or '-'}")
     tbo_vs_none = paired_ratio([x["output_throughput"] for x in tbo.rounds],
                                [x["output_throughput"] for x in none.rounds])

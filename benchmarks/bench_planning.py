@@ -10,7 +10,9 @@ per-sequence lengths into the children (O(bs)). Prefill rows: seeded random exte
 (1..4096 tokens per request, random cached prefixes) with the two-chunk threshold at 0.48.
 Gate rows: one step of --overlap-gating auto's planning work: `Gate.decide` on the all-gathered
 token counts of 16 ranks, recording the step's time into the local table, and every 16th step
-merging the ranks' summed measurements (the all-reduce itself is the glue's, not timed here).
+taking the new measurements out of it and merging them, sparse (`StepTable.take`,
+`Gate.merge_cells`: what the glue does with the share that rides SGLang's request broadcast; the
+broadcast itself is SGLang's, not timed here).
 
 Targets: a full decode plan with sequence lengths at batch 256 <= 5 us; a prefill plan of 64
 requests <= 20 us; a gate decision with its measurement bookkeeping <= 10 us.
@@ -131,14 +133,18 @@ def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
             local.add(cell_index("decode", d.bucket, d.mode), 20000.0)
         state = {"i": 0}
 
-        def step(gate: Gate = gate, local: StepTable = local,
+        touched: dict[int, None] = {}
+
+        def step(gate: Gate = gate, local: StepTable = local, touched: dict[int, None] = touched,
                  state: dict[str, int] = state) -> None:
             i = state["i"] = state["i"] + 1
             d = gate.decide("decode", loads[i % len(loads)])
-            local.add(cell_index("decode", d.bucket, d.mode), 20000.0 + i % 7)
+            cell = cell_index("decode", d.bucket, d.mode)
+            local.add(cell, 20000.0 + i % 7)
+            touched[cell] = None
             if i % SYNC_STEPS == 0:
-                gate.merge(local.to_vector())
-                local.clear()
+                gate.merge_cells(local.take(touched))
+                touched.clear()
 
         rows.append((f"gate decode, {name}", time_us(step, repeat)))
     return rows

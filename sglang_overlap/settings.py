@@ -120,9 +120,10 @@ class OverlapSettings:
 
     overlap_gating_sync_steps: int = dataclasses.field(
         default=16,
-        metadata={"help": "With --overlap-gating auto: every this many steps the ranks sum their "
-                  "new step-time measurements (one all-reduce on the CPU group), and every rank "
-                  "applies them at the same step (1 to 4096).",
+        metadata={"help": "With --overlap-gating auto: every this many steps new step-time "
+                  "measurements are shared (on SGLang's request broadcast; with attention DP, "
+                  "one all-reduce on the CPU group), and every rank applies them at the same "
+                  "step (1 to 4096).",
                   "upstream": False, "metavar": "STEPS"},
     )
     """--overlap-gating-sync-steps: how often ranks share measurements."""

@@ -151,6 +151,13 @@ class Gate:
         self.table.add_vector(vector, self.config.max_count)
         self._update_corrections()
 
+    def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
+        """`merge` in sparse form: (cell, count, total us) triples (`StepTable.take`); call it
+        with the same triples at the same step on every rank."""
+        if cells:
+            self.table.add_cells(cells, self.config.max_count)
+            self._update_corrections()
+
     def correction(self, phase: str, mode: str) -> float | None:
         """measured / predicted of `mode` relative to none, from other buckets (None: unknown)."""
         return self._correction[phase].get(mode)

@@ -106,6 +106,33 @@ class StepTable:
                 total, n = total * max_count // n, max_count
             counts[i], totals[i] = n, total
 
+    def add_cells(self, cells: Iterable[tuple[int, int, int]],
+                  max_count: int | None = None) -> None:
+        """Add (cell, count, total us) triples, e.g. another rank's `take`; with `max_count`,
+        cap the cells touched (`cap`). Costs O(triples)."""
+        counts, totals = self.counts, self.totals
+        for cell, count, total in cells:
+            if not 0 <= cell < NUM_CELLS or count < 0:
+                raise ValueError(f"a step-table triple needs 0 <= cell < {NUM_CELLS} and "
+                                 f"count >= 0 (got {(cell, count, total)})")
+            n = counts[cell] + count
+            t = totals[cell] + total
+            if max_count is not None and n > max_count:
+                t, n = t * max_count // n, max_count
+            counts[cell], totals[cell] = n, t
+
+    def take(self, cells: Iterable[int]) -> list[tuple[int, int, int]]:
+        """(cell, count, total us) of each of `cells` holding a measurement, in the order given,
+        and those cells emptied: the sparse form of `to_vector` + `clear`."""
+        counts, totals = self.counts, self.totals
+        out = []
+        for c in cells:
+            n = counts[c]
+            if n:  # a cell named twice is taken once
+                out.append((c, n, totals[c]))
+                counts[c] = totals[c] = 0
+        return out
+
     def clear(self) -> None:
         self.counts = [0] * NUM_CELLS
         self.totals = [0] * NUM_CELLS

@@ -1,12 +1,13 @@
 """Hook on `sglang.srt.managers.scheduler_components.dp_attn`: --overlap-gating auto per step.
 
 `_update_gather_batch` (BEFORE): after SGLang's DP sync every rank holds the same global token
-counts, forward modes and TBO verdict. The gate (`gate.py`) first shares measurements when due
-(`tick`: a collective, reached at the same call on every rank, since every rank runs this hook
-for the same steps), then picks the mode of this step; TBO is turned off for the step when
-another mode (or none) is chosen. Same inputs on every rank, same decision: collectives never
-mismatch. Every change of mode is logged at INFO with the step number, so the ranks' logs can
-be compared line for line.
+counts, forward modes and TBO verdict. The gate (`gate.py`) first counts the call (`tick`; with
+attention DP, every --overlap-gating-sync-steps calls, an all-reduce of new measurements, reached
+at the same call on every rank, since every rank runs this hook for the same steps; without it
+the measurements ride the request broadcast, `request_receiver.py`), then picks the mode of this
+step; TBO is turned off for the step when another mode (or none) is chosen. Same inputs on
+every rank, same decision: collectives never mismatch. Every change of mode is logged at INFO
+with the step number, so the ranks' logs can be compared line for line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.planning.step_table import MODES
 from sglang_overlap.sglang import gate, state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -23,6 +25,7 @@ logger = logging.getLogger("sglang_overlap")
 UPDATE_GATHER_BATCH = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
 
 _PREFILL_MODES: set[int] = set()
+_STATS_KEY = {m: f"gate_{m}" for m in MODES}
 
 
 def _prefill_modes() -> set[int]:
@@ -62,7 +65,7 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     decision = rt.gate.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
     rt.expect(decision)
     state.set_step_mode(decision.mode)
-    stats.count(f"gate_{decision.mode}")
+    stats.count(_STATS_KEY[decision.mode])
     if decision.changed:
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
     if decision.mode not in ("tbo", "two_chunk"):

@@ -117,6 +117,20 @@ def _live(module: object, attrs: list[str]) -> object:
     return inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
 
 
+def _live_node(sources: _Sources, live: object) -> ast.AST | None:
+    """The live function's definition, read from the file it was defined in, by its qualified
+    name: the same tree the file path reads (a dedented `getsource` would also dedent the lines
+    of a multi-line docstring, so the digest would differ). None: not found that way."""
+    qualname = getattr(live, "__qualname__", "")
+    try:
+        path = inspect.getsourcefile(live)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if not path or not qualname or "<locals>" in qualname or not Path(path).is_file():
+        return None
+    return sources.node(Path(path), qualname.split("."))
+
+
 def fingerprint(sources: _Sources, target: str) -> str | None:
     """`src:<sha>` of the target's syntax tree, None when the target is gone."""
     where = sources.split(target)
@@ -127,6 +141,9 @@ def fingerprint(sources: _Sources, target: str) -> str | None:
         live = _live(sys.modules[module], attrs)
         if live is None:
             return None
+        node = _live_node(sources, live)
+        if node is not None:
+            return _digest(node)
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(live)))  # type: ignore[arg-type]
         except (OSError, TypeError):

@@ -46,6 +46,7 @@ GLUE_MODULES: tuple[str, ...] = (
     "operations",  # sglang.srt.batch_overlap.operations
     "operations_strategy",  # sglang.srt.batch_overlap.operations_strategy
     "dp_attn",  # sglang.srt.managers.scheduler_components.dp_attn
+    "request_receiver",  # sglang.srt.managers.scheduler_components.request_receiver
     "model_runner",  # sglang.srt.model_executor.model_runner
     "internal_state",  # sglang.srt.managers.scheduler_components.internal_state
     "forward_batch_info",  # sglang.srt.model_executor.forward_batch_info

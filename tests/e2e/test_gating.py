@@ -66,6 +66,15 @@ def test_auto_converges_to_the_measured_faster_mode(run) -> None:
     assert _share(wrong, "decode", "none") >= 0.6, wrong
 
 
+def test_measurements_ride_the_request_broadcast(run) -> None:
+    # no attention DP: TP0 shares its step times on SGLang's request broadcast (no collective
+    # of the gate's own), and TP0 merged what it shared, as TP1 did
+    for name in ("auto", "auto_wrong"):
+        table = run.target(name).gate
+        assert table["setup"].endswith("measurements by broadcast"), table["setup"]
+        assert table["syncs"] >= 10, table
+
+
 def test_wrong_prior_is_overridden_by_measurement(run) -> None:
     assert "cost model" in run.target("auto_wrong").gate["prior"]
     seq = BG.decision_sequences(run.logs["auto_wrong"])["TP0"]

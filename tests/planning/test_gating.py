@@ -341,6 +341,7 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
                      explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9,
                      refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]))
     gate, ref = Gate(prior, cfg), ReferenceGate(prior, cfg)
+    sparse = Gate(prior, cfg)  # fed the same measurements as (cell, count, total) triples
     speed = {m: rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo", "two_chunk")}
     pending: list[tuple[str, int, str, float]] = []
     for step in range(400):
@@ -350,10 +351,17 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
         got = gate.decide(phase, [busiest, busiest // 2], frozenset(allowed))  # type: ignore[arg-type]
         want = ref.decide(phase, busiest, allowed)
         assert got.mode == want, f"{seed=} {step=} {phase=} {busiest=} {got=}"
+        also = sparse.decide(phase, [busiest, busiest // 2], frozenset(allowed))  # type: ignore[arg-type]
+        assert also.reason == got.reason, f"{seed=} {step=} {also.reason=} {got.reason=}"
         us = 1000.0 * speed[got.mode] * (1 + rng.uniform(-0.05, 0.05))
         pending.append((phase, got.bucket, got.mode, us))
         if step % 7 == 6:  # a sync: both see the same new measurements at the same step
-            gate.merge(_vector([(cell_index(p, b, m), t) for p, b, m, t in pending]))
+            cells = [(cell_index(p, b, m), t) for p, b, m, t in pending]
+            gate.merge(_vector(cells))
+            table = StepTable()
+            for cell, us in cells:
+                table.add(cell, us)
+            sparse.merge_cells(table.take(sorted({c for c, _ in cells})))
             ref.merge(pending)
             pending = []
 

@@ -112,3 +112,33 @@ def test_add_vector_caps_only_what_it_touches() -> None:
     delta.add(a, 1100.0)
     t.add_vector(delta.to_vector(), max_count=4)
     assert (t.count(a), t.totals[a]) == (4, (1000 + 1100) * 4 // 11)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_take_and_add_cells_equal_the_vector_round_trip(seed: int) -> None:
+    """The sparse form (`take` on one table, `add_cells` on another) gives the tables the dense
+    one (`to_vector` + `clear`, `add_vector`) gives, caps included."""
+    rng = random.Random(seed)
+    dense, sparse = StepTable(), StepTable()
+    for _ in range(30):
+        new = StepTable()
+        cells = rng.sample(range(NUM_CELLS), rng.randint(0, 6))
+        for cell in cells:
+            for _ in range(rng.randint(1, 5)):
+                new.add(cell, rng.uniform(10.0, 5000.0))
+        cap = rng.choice([None, 3, 8])
+        vector = new.to_vector()
+        triples = new.take(cells + rng.sample(range(NUM_CELLS), 3))  # untouched ones: skipped
+        assert new.empty() and [c for c, _, _ in triples] == cells
+        dense.add_vector(vector, cap)
+        sparse.add_cells(triples, cap)
+        assert (dense.counts, dense.totals) == (sparse.counts, sparse.totals), f"{seed=} {cap=}"
+
+
+def test_add_cells_refuses_a_bad_triple() -> None:
+    t = StepTable()
+    with pytest.raises(ValueError, match="0 <= cell < 768"):
+        t.add_cells([(NUM_CELLS, 1, 10)])
+    with pytest.raises(ValueError, match="count >= 0"):
+        t.add_cells([(0, -1, 10)])
+    assert t.empty()

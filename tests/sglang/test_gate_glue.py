@@ -34,7 +34,14 @@ from sglang_overlap.planning.cost.profiles import (  # noqa: E402
 from sglang_overlap.planning.gating import Gate, GateConfig  # noqa: E402
 from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang import dp_attn, gate, internal_state, model_runner, state  # noqa: E402
+from sglang_overlap.sglang import (  # noqa: E402
+    dp_attn,
+    gate,
+    internal_state,
+    model_runner,
+    request_receiver,
+    state,
+)
 from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,13 +236,16 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
     gate.set_runtime(rt)
     cell = cell_index("decode", measure_bucket(8), "none")
-    rt.record(cell, 9999.0)  # dropped: the first of its (phase, mode)
-    rt.record(cell, 1500.0)
+    for us in (9999.0, 1500.0):  # the first is dropped: the first of its (phase, mode)
+        rt.expect(rt.gate.decide("decode", [8]))
+        rt.record(rt.take_pending(), us)
     for _ in range(3):
         rt.tick()
     assert rt.gate.table.count(cell) == 0 and rt.local.count(cell) == 1
     rt.tick()  # the 4th call syncs (no process group here: this rank's sums are the sums)
     assert rt.gate.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
+    rt.tick(), rt.tick(), rt.tick(), rt.tick()  # nothing new: the merge adds nothing
+    assert rt.gate.table.count(cell) == 1 and rt.gate.table.mean(cell) == 1500.0
     result = SimpleNamespace(internal_state={"x": 1})
     internal_state.add_gate_table(result)
     table = result.internal_state[internal_state.KEY]
@@ -243,10 +253,81 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
                               "mean_ms": 1.5}]
     assert table["prior"].startswith("flat") and result.internal_state["x"] == 1
     rt.gate.decide("decode", [8])
-    assert rt.table()["chosen"] == {"decode/none": 1}
+    assert rt.table()["chosen"] == {"decode/none": 3}
 
 
-# -- two real ranks: the all-reduce makes their decisions identical ------------------------------
+def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -> None:
+    flat = FlatPrior(frozenset({"tbo"}))
+    leader, follower = (gate.GateRuntime(Gate(flat), sync_steps=4, cuda=False, setup="t",
+                                         transport="broadcast", source=src)
+                        for src in (True, False))
+    cell = cell_index("decode", measure_bucket(8), "none")
+    for rt in (leader, follower):
+        for us in (9999.0, 1500.0, 2500.0):
+            rt.tick()
+            rt.expect(rt.gate.decide("decode", [8]))
+            pending = rt.take_pending()
+            if pending is not None:
+                rt.record(pending, us)
+    assert follower.local.empty() and follower.pending is None, "a follower times nothing"
+    assert leader.local.count(cell) == 2 and leader.outgoing() is None, "3 calls < 4"
+    leader.tick(), follower.tick()
+    share = leader.outgoing()
+    assert share == gate.GateShare(((cell, 2, 4000),)) and leader.local.empty()
+    assert leader.outgoing() is None, "one share per sync_steps calls"
+    leader.record(cell, 100.0)
+    for _ in range(4):
+        leader.tick()
+    assert leader.outgoing(riding=False) is None, "an empty list waits for 4 x sync_steps"
+    for _ in range(12):
+        leader.tick()
+    assert leader.outgoing(riding=False) == gate.GateShare(((cell, 1, 100),))
+    for rt in (leader, follower):
+        rt.incoming(share)
+        assert rt.gate.table.count(cell) == 2 and rt.gate.table.mean(cell) == 2000.0
+        assert rt.syncs == 1
+    with pytest.raises(ValueError, match="transport must be broadcast or all_reduce"):
+        gate.GateRuntime(Gate(flat), sync_steps=4, cuda=False, setup="t", transport="gossip")
+
+
+def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings) -> None:
+    from sglang.srt.managers.scheduler_components.request_receiver import (
+        SchedulerRequestReceiver,
+    )
+
+    fn = SchedulerRequestReceiver._broadcast_reqs_across_ranks
+    assert request_receiver.broadcast_reqs in [c.cell_contents for c in fn.__closure__ or ()]
+    rt = gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo"}))), sync_steps=1, cuda=False,
+                          setup="t", transport="broadcast", source=True)
+    gate.set_runtime(rt)
+    cell = cell_index("decode", measure_bucket(8), "none")
+    for us in (9999.0, 1500.0):
+        rt.tick()
+        rt.expect(rt.gate.decide("decode", [8]))
+        rt.record(rt.take_pending(), us)
+    sent = []
+
+    def single_rank(self: Any, recv_reqs: Any, local_reqs: Any = None) -> list[Any]:
+        sent.append(recv_reqs)  # what upstream would broadcast (tp 1: returns it as is)
+        return [*recv_reqs, *(local_reqs or [])]
+
+    out = request_receiver.broadcast_reqs(single_rank, None, ["req"], ["abort"])
+    assert out == ["req", "abort"] and sent[0][-1] == gate.GateShare(((cell, 1, 1500),))
+    assert rt.gate.table.count(cell) == 1 and rt.syncs == 1
+    out = request_receiver.broadcast_reqs(single_rank, None, [], None)  # nothing new: no share
+    assert out == [] and sent[1] == []
+    rt.record(cell, 500.0)
+    rt.tick()
+    request_receiver.broadcast_reqs(single_rank, None, [], None)
+    assert sent[2] == [] and rt.gate.table.count(cell) == 1, "an empty list: not yet"
+    request_receiver.broadcast_reqs(single_rank, None, [], ["abort"])  # carries a request
+    assert sent[3] == [gate.GateShare(((cell, 1, 500),))] and rt.gate.table.count(cell) == 2
+    gate.set_runtime(gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo"}))), sync_steps=1,
+                                      cuda=False, setup="t"))  # all_reduce: hands straight on
+    assert request_receiver.broadcast_reqs(single_rank, None, ["req"]) == ["req"]
+
+
+# -- two real ranks: the all-reduce, or the request broadcast, makes their decisions identical
 
 RANK = textwrap.dedent("""
     import json, os, random, sys
@@ -270,12 +351,53 @@ RANK = textwrap.dedent("""
         rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
         out.append(d.reason)
     print(json.dumps(out))
+    dist.destroy_process_group()  # gloo aborts at exit now and then without it
 """)
 
 
-def test_two_ranks_decide_identically_through_the_all_reduce(tmp_path: Path) -> None:
+BROADCAST_RANK = textwrap.dedent("""
+    import json, os, random, sys
+    import torch.distributed as dist
+    sys.path.insert(0, os.environ["REPO"])
+    from sglang.srt.utils.common import broadcast_pyobj
+    from sglang_overlap.planning.cost.prior import FlatPrior
+    from sglang_overlap.planning.gating import Gate, GateConfig
+    from sglang_overlap.sglang import gate, request_receiver
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=2)
+    rt = gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo", "sbo"})),
+                               GateConfig(explore_share=0.2)),
+                          sync_steps=5, cuda=False, setup="t", transport="broadcast",
+                          source=rank == 0)
+    gate.set_runtime(rt)
+
+    def upstream(self, recv_reqs, local_reqs=None):  # SGLang's non-DP branch, tp 2
+        return broadcast_pyobj(recv_reqs, rank, dist.group.WORLD, src=0)
+
+    rng = random.Random(rank)
+    truth = {"none": 1000.0, "tbo": 1300.0, "sbo": 950.0}
+    out, received = [], []
+    for step in range(300):
+        mine = [f"req{step}"] if step % 9 == 0 else []  # mostly empty lists, as in decode
+        reqs = request_receiver.broadcast_reqs(upstream, None, mine if rank == 0 else None)
+        received.append(reqs)
+        rt.tick()
+        d = rt.gate.decide("decode", [16 + (step // 50)])
+        rt.expect(d)
+        cell = rt.take_pending()
+        if cell is not None:
+            rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
+        out.append(d.reason)
+    assert received == [[f"req{i}"] if i % 9 == 0 else [] for i in range(300)], received[:10]
+    print(json.dumps({"reasons": out, "syncs": rt.syncs, "timed": rank == 0 or rt.local.empty()}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("script_text", [RANK, BROADCAST_RANK], ids=["all_reduce", "broadcast"])
+def test_two_ranks_decide_identically(tmp_path: Path, script_text: str) -> None:
     script = tmp_path / "rank.py"
-    script.write_text(RANK)
+    script.write_text(script_text)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -287,6 +409,9 @@ def test_two_ranks_decide_identically_through_the_all_reduce(tmp_path: Path) -> 
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     seqs = [json.loads(o) for o, _ in outs]
+    if script_text is BROADCAST_RANK:
+        assert seqs[0]["syncs"] == seqs[1]["syncs"] >= 20 and seqs[1]["timed"], seqs[1]["syncs"]
+        seqs = [s["reasons"] for s in seqs]
     assert seqs[0] == seqs[1]
     modes = [r.split(": ")[1].split(" ")[0] for r in seqs[0]]
     assert modes[-40:] == ["sbo"] * 40, modes
