@@ -24,8 +24,8 @@ Where things are:
     sbo_watchdog.py      bounded waits on an SBO step (a stuck signal becomes a SignalError)
 
 Inside SGLang, the glue (`sglang_overlap.sglang`) calls capabilities, deepep's combine kwargs
-(with combine_overlap), down_gemm (with deepgemm_signal / signal_gemm / deepgemm / fp8), and for torch_a2a: a2a,
-contracts, experts, streams; SGLang's own layer runs the rest. `DeepEPDispatcher`,
+(with combine_overlap), down_gemm (with deepgemm_signal / signal_gemm / deepgemm / fp8), and for
+torch_a2a: a2a, contracts, experts, streams; SGLang's own layer runs the rest. `DeepEPDispatcher`,
 `deepgemm_experts.py`, `sbo_layer.py` and `sbo_watchdog.py` are the plugin's own MoE layer on
 the same real kernels: what the GPU tests and benchmarks run to prove those kernels without
 SGLang (sglang does not install on the GPU machine). The oracle all of these are checked
