@@ -556,6 +556,29 @@ def kernel(config: DgSignalConfig, *, device: int, num_groups: int, n: int, k: i
     return func
 
 
+def device_index(device: torch.device | int) -> int:
+    """A CUDA device's index (the current device for a bare `cuda`)."""
+    import torch
+
+    if isinstance(device, int):
+        return device
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def load(config: DgSignalConfig, layout: SboLayout | None, *, num_groups: int, n: int, k: int,
+         num_sms: int, device: torch.device | int) -> int:
+    """The CUfunction counting `layout`'s units (None: signals off), compiled and loaded on
+    `device` once per process. Loading a module waits for the device to go idle: call this
+    before a combine send can spin on the signal (`down_gemm.prepare_signal_down_gemm`)."""
+    import torch
+
+    mode, unit_m = layout_mode(layout, config, n)
+    index = device_index(device)
+    with torch.cuda.device(index):
+        return kernel(config, device=index, num_groups=num_groups, n=n, k=k, num_sms=num_sms,
+                      mode=mode, unit_m=unit_m)
+
+
 # ---------------------------------------------------------------------------------------------
 # The launch
 
@@ -652,7 +675,6 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     import torch
 
     e, c, n, k = check_operands(a, a_scale, b, b_scale, out, masked_m, config)
-    mode, unit_m = layout_mode(layout, config, n)
     if signal is not None and layout is not None:
         if tuple(signal.shape) != layout.signal_shape or signal.device != a.device:
             raise ValueError(f"signal must be {layout.signal_shape} on {a.device} (got "
@@ -666,10 +688,9 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         raise ValueError(f"num_sms must be >= 1 (got {num_sms})")
     config.check_launch(n, num_sms)
     a_scale = mn_major_scales(a_scale)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    func = load(config, layout, num_groups=e, n=n, k=k, num_sms=num_sms, device=a.device)
+    device = device_index(a.device)
     with torch.cuda.device(device):
-        func = kernel(config, device=device, num_groups=e, n=n, k=k, num_sms=num_sms, mode=mode,
-                      unit_m=unit_m)
         drv = _driver()
         aligned = a_scale.stride(-1)
         maps = (
@@ -685,5 +706,5 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                    ctypes.c_uint32(c), ctypes.c_uint32(n), ctypes.c_uint32(k)]
         params = (ctypes.c_void_p * (len(scalars) + len(maps)))(
             *[ctypes.addressof(v) for v in scalars], *[m.address for m in maps])
-        drv.launch(func, num_sms, config.threads, config.smem(k, mode != "none"),
+        drv.launch(func, num_sms, config.threads, config.smem(k, layout is not None),
                    torch.cuda.current_stream(device).cuda_stream, config.multicast, params)

@@ -33,7 +33,12 @@ from sglang_overlap.kernels.combine_overlap import (
     check_layout_for_combine,
     combine_send_num_sms,
 )
-from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError, max_stages
+from sglang_overlap.kernels.deepgemm_signal import (
+    DgSignalConfig,
+    DgSignalError,
+    block_n_candidates,
+    max_stages,
+)
 from sglang_overlap.kernels.deepgemm_signal import probe as probe_deepgemm_signal
 from sglang_overlap.kernels.signal_gemm import (
     SignalGemmConfig,
@@ -113,8 +118,6 @@ def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSigna
     """The patched kernel's config whose tiles count `layout`'s units: the plan's tile when the
     layout was laid out for it (`plan_tiles`), else one with the layout's block_n (and block_m
     per expert); None when no legal tile does (the caller then runs DeepGEMM slices)."""
-    from sglang_overlap.kernels.deepgemm_signal import block_n_candidates
-
     assert plan.dg_config is not None
     block_m, block_n = plan.dg_config.block_m, layout.block_n
     if layout.granularity == "expert":
@@ -251,14 +254,10 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
     config = dg_config_for_layout(plan, layout, k)
     if config is None:
         return plan
-    index = device if isinstance(device, int) else (
-        device.index if device.index is not None else torch.cuda.current_device())
-    mode, unit_m = deepgemm_signal.layout_mode(layout, config, layout.hidden)
     try:
-        with torch.cuda.device(index):
-            deepgemm_signal.kernel(config, device=index, num_groups=layout.num_local_experts,
-                                   n=layout.hidden, k=k, num_sms=layout.compute_num_sms,
-                                   mode=mode, unit_m=unit_m)
+        deepgemm_signal.load(config, layout, num_groups=layout.num_local_experts,
+                             n=layout.hidden, k=k, num_sms=layout.compute_num_sms,
+                             device=device)
     except DgSignalError as exc:
         _deepgemm_signal_failed(exc)
     return plan
