@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
         if args.shapes else default_shapes()
-    from benchmarks.gpu_suite import run_in_processes
+    from benchmarks.gpu_suite import measure_shapes, run_in_processes
 
     compile_all(todo, args.warm_workers)  # nvcc for the patched kernel, threads
     if args.compile_only:
@@ -310,17 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     run_in_processes([sys.executable, str(Path(__file__).resolve()), "--warm-one"],
                      [f"{e},{c},{r}" for e, c, r in todo], args.warm_workers)  # DeepGEMM's JIT
     copy = copy_tbps()
-    results = []
-    for e, c, r in todo:
-        try:
-            res = measure(e, c, r)
-        except Exception as exc:  # noqa: BLE001 - one shape's failure is reported, not fatal
-            res = {"E": e, "C": c, "rows": r, "error": repr(exc)[:400]}
-        print(json.dumps(res), flush=True)
-        results.append(res)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"copy_tbps": copy, "results": results},
-                                                  indent=1))
+    results = measure_shapes(todo, measure, None if not args.json else (
+        lambda rs: Path(args.json).write_text(json.dumps({"copy_tbps": copy, "results": rs},
+                                                         indent=1))))
     print(table(results, copy))
     return 0 if all("error" not in r and all(r["checks"].values()) for r in results) else 1
 

@@ -133,21 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
         if args.shapes else shapes([int(x) for x in args.experts.split(",")])
-    from benchmarks.gpu_suite import run_in_processes
+    from benchmarks.gpu_suite import measure_shapes, run_in_processes
 
     # DeepGEMM JIT in parallel (nvcc), then every shape timed in this process
     run_in_processes([sys.executable, str(Path(__file__).resolve()), "--warm-one"],
                      [f"{e},{c},{r}" for e, c, r in todo], args.warm_workers)
-    results = []
-    for e, c, r in todo:
-        try:
-            res = measure(e, c, r)
-        except Exception as exc:  # noqa: BLE001 - one shape's failure is reported, not fatal
-            res = {"E": e, "C": c, "rows": r, "error": repr(exc)[:300]}
-        print(json.dumps(res), flush=True)
-        results.append(res)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
+    results = measure_shapes(todo, measure, None if not args.json else (
+        lambda rs: Path(args.json).write_text(json.dumps(rs, indent=1))), error_chars=300)
     print(table(results))
     return 0 if all("error" not in r and r["fused_ok"] and r["fused_old_ok"]
                     for r in results) else 1

@@ -64,6 +64,24 @@ def run_in_processes(argv: list[str], jobs: list[str], workers: int) -> None:
             proc.wait()
 
 
+def measure_shapes(shapes: list[tuple[int, int, int]], measure: Callable[..., dict],
+                   save: Callable[[list[dict]], None] | None = None,
+                   error_chars: int = 400) -> list[dict]:
+    """`measure(e, c, rows)` for every (E, C, rows), one JSON line each; a shape that raises is
+    reported (`error`), not fatal. `save(results so far)` after every shape."""
+    results = []
+    for e, c, r in shapes:
+        try:
+            res = measure(e, c, r)
+        except Exception as exc:  # noqa: BLE001 - one shape's failure is reported, not fatal
+            res = {"E": e, "C": c, "rows": r, "error": repr(exc)[:error_chars]}
+        print(json.dumps(res), flush=True)
+        results.append(res)
+        if save is not None:
+            save(results)
+    return results
+
+
 def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) -> float:
     import torch
 
