@@ -1,9 +1,10 @@
 """Measured step times per (phase, token bucket, mode): what the gate learns from the server.
 
 A `StepTable` is a fixed grid of integer cells, the same shape in every process, so that ranks
-can sum their tables with one all-reduce of a flat int64 vector (`to_vector` / `add_vector`):
-integer sums do not depend on the order ranks are added in, so every rank ends up with the same
-table, bit for bit. Each cell holds a count and a total in microseconds.
+can exchange measurements as integers: (cell, count, total) triples (`take` / `add_cells`, what
+the server sends) or, densely, one flat vector (`to_vector` / `add_vector`). Integer sums do not
+depend on the order ranks are added in, so every rank ends up with the same table, bit for bit.
+Each cell holds a count and a total in microseconds.
 
 Buckets: `measure_bucket(tokens)` is exact below 4 tokens, then 4 buckets per power of two
 (each at most 25% wide), 96 buckets in all; the last one (from 7 x 2^22 tokens) takes everything
@@ -98,13 +99,8 @@ class StepTable:
         if len(vector) != 2 * NUM_CELLS:
             raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries "
                              f"(got {len(vector)})")
-        counts, totals = self.counts, self.totals
-        for i in compress(range(NUM_CELLS), vector[:NUM_CELLS]):
-            n = counts[i] + int(vector[i])
-            total = totals[i] + int(vector[NUM_CELLS + i])
-            if max_count is not None and n > max_count:
-                total, n = total * max_count // n, max_count
-            counts[i], totals[i] = n, total
+        self.add_cells(((i, int(vector[i]), int(vector[NUM_CELLS + i]))
+                        for i in compress(range(NUM_CELLS), vector[:NUM_CELLS])), max_count)
 
     def add_cells(self, cells: Iterable[tuple[int, int, int]],
                   max_count: int | None = None) -> None:
