@@ -33,7 +33,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 N, K, SMS = 7168, 2048, 132
-HEADER = "deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh"
 WAIT = 'asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");'
 EDITS: dict[str, list[tuple[str, str]]] = {
     "full": [],
@@ -66,7 +65,7 @@ def variant_include(name: str) -> Path:
     target = base.parent.parent / f"{base.parent.name}-{name}" / "include"
     if not target.exists():
         shutil.copytree(base, target)
-        header = target / HEADER
+        header = target / ds.KERNEL_HEADER
         text = header.read_text()
         for old, new in EDITS[name]:
             if not text.count(old):
