@@ -13,13 +13,22 @@ that measured both, of measured(mode) / measured(none) divided by the prior's sa
 such a bucket exists), and calibration is the measured / prior' ratio of the modes this bucket
 has measured (1 if none). So what one bucket learns about a mode carries to its neighbours.
 
-Exploration: a candidate chosen fewer than `min_trials` times in a bucket (or, with
-`refresh_every`, not chosen for that many of the bucket's steps) is run instead of the
+Exploration: a candidate chosen fewer than `min_trials` times in a bucket is run instead of the
 estimate's choice, most promising first, while explored steps stay at most `explore_share` of
 all steps. Once other buckets have measured a mode (its correction is known), it is explored
 only where its estimate is within `explore_margin` of the best: a mode measured clearly slower
-elsewhere is not paid for again in every bucket (a refresh still re-tries it). Trials count the
-gate's own choices, so exploration is a function of the inputs only.
+elsewhere is not paid for again in every bucket. Trials count the gate's own choices, so
+exploration is a function of the inputs only.
+
+Refresh: a mode the bucket has not chosen for a while is measured again, because what it was
+measured at may no longer hold: the times of a mode the gate stopped choosing are frozen at the
+moment it stopped, while the chosen mode's follow the server (other traffic, longer contexts,
+a busy host). The first re-try comes `refresh_first` of the bucket's steps after the mode last
+ran, each later one after twice the previous gap, at most `refresh_every` (0: never). A refresh
+runs the mode `min_trials` times (inside the exploration share, whatever its estimate; with no
+trials there is no refresh either), and once that many fresh measurements have arrived they
+replace the cell's old ones: the two modes are then compared on times taken close together, not
+on a stale record.
 
 Same decision on every rank: every data-parallel rank must run the same mode in the same step
 (their all-to-alls pair up). `decide` sees only what all ranks share after SGLang's DP sync (the
@@ -39,6 +48,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Literal, NamedTuple
 
 from sglang_overlap.planning.cost.prior import (
@@ -85,7 +95,8 @@ class GateConfig:
     hysteresis: float = 0.03
     min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
     explore_share: float = 0.05  # explored steps stay at most this share of all steps
-    refresh_every: int = 2000  # re-try a mode not chosen for this many of a bucket's steps (0: no)
+    refresh_first: int = 64  # first re-try of a mode not chosen for this many of a bucket's steps
+    refresh_every: int = 2000  # the re-try gap doubles up to this (0: no re-tries)
     max_count: int = 64  # measurements per cell before older ones fade (StepTable.cap)
     explore_margin: float = 0.10  # with a known correction, explore only within this of the best
 
@@ -93,10 +104,11 @@ class GateConfig:
         check_hysteresis(self.hysteresis)
         check_explore_share(self.explore_share)
         check_trials(self.min_trials)
-        if self.refresh_every < 0 or self.max_count < 1 or self.explore_margin < 0:
-            raise ValueError(f"GateConfig: refresh_every >= 0, max_count >= 1 and "
-                             f"explore_margin >= 0 (got {self.refresh_every}, {self.max_count}, "
-                             f"{self.explore_margin})")
+        if (self.refresh_every < 0 or self.refresh_first < 1 or self.max_count < 1
+                or self.explore_margin < 0):
+            raise ValueError(f"GateConfig: refresh_every >= 0, refresh_first >= 1, max_count "
+                             f">= 1 and explore_margin >= 0 (got {self.refresh_every}, "
+                             f"{self.refresh_first}, {self.max_count}, {self.explore_margin})")
 
 
 class GateDecision(NamedTuple):
@@ -142,21 +154,45 @@ class Gate:
         self._trials: dict[int, int] = {}  # cell -> times chosen
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # cell of mode "none" -> steps in the bucket
+        self._gap: dict[int, int] = {}  # cell -> bucket steps until its next refresh
+        self._fresh: dict[int, tuple[int, int]] = {}  # refreshing cell -> (count, total us) so far
         self._prior_ratio: dict[int, dict[str, float]] = {}  # bucket base -> prior(m) / prior(none)
         self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
 
     def merge(self, vector: Sequence[int]) -> None:
         """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
         the same step on every rank."""
-        self.table.add_vector(vector, self.config.max_count)
-        self._update_corrections()
+        n = len(vector) // 2
+        self.merge_cells([(i, int(vector[i]), int(vector[n + i]))
+                          for i in compress(range(n), vector[:n])])
 
     def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
         """`merge` in sparse form: (cell, count, total us) triples (`StepTable.take`); call it
         with the same triples at the same step on every rank."""
-        if cells:
-            self.table.add_cells(cells, self.config.max_count)
-            self._update_corrections()
+        if not cells:
+            return
+        if self._fresh:
+            kept = []
+            for c in cells:
+                if c[0] in self._fresh:
+                    self._refreshed(*c)
+                else:
+                    kept.append(c)
+            cells = kept
+        self.table.add_cells(cells, self.config.max_count)
+        self._update_corrections()
+
+    def _refreshed(self, cell: int, count: int, total: int) -> None:
+        """A refreshing cell's new measurements: collected until `min_trials` have arrived,
+        then they replace the cell's old ones."""
+        n, t = self._fresh[cell]
+        n, t = n + count, t + total
+        if n < self.config.min_trials:
+            self._fresh[cell] = (n, t)
+        else:
+            del self._fresh[cell]
+            self.table.take((cell,))
+            self.table.add_cells(((cell, n, t),), self.config.max_count)
 
     def correction(self, phase: str, mode: str) -> float | None:
         """measured / predicted of `mode` relative to none, from other buckets (None: unknown)."""
@@ -237,8 +273,8 @@ class Gate:
         explore = self._exploration(base, chosen, estimates, correction)
         if explore is not None:
             self.explored += 1
-            chosen, why = explore, "exploring: measured too few times here"
-        self._count_trial(base, chosen)
+            chosen, why = explore
+        self._count_trial(base, chosen, explore is not None)
         key = (phase, chosen)
         self.chosen[key] = self.chosen.get(key, 0) + 1
         changed = self._last.get(phase) != chosen
@@ -266,35 +302,50 @@ class Gate:
         return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
     def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float],
-                     correction: Mapping[str, float]) -> str | None:
+                     correction: Mapping[str, float]) -> tuple[str, str] | None:
+        """(the mode to measure instead of `chosen`, why), or None."""
         cfg = self.config
         if self.explored + 1 > cfg.explore_share * self.steps:
             return None  # the budget first: the common case costs one comparison
         if cfg.min_trials <= 0 or len(estimates) < 2:
             return None
-        now = self._bucket_steps.get(base, 0)
+        now = self._bucket_steps.get(base, 0) + 1  # this step's number in the bucket
         best = min(estimates.values())
         due = []
+        stale: str | None = None
         for m in estimates:
             if m == chosen:
                 continue
             cell = base + _OFFSET[m]
             last = self._last_trial.get(cell)
-            if last is not None and cfg.refresh_every > 0 and now - last >= cfg.refresh_every:
-                due.append(m)  # ran here before, not for long: measure it again
+            if (last is not None and cfg.refresh_every > 0 and stale is None
+                    and now - last >= self._gap.get(cell, min(cfg.refresh_first,
+                                                              cfg.refresh_every))):
+                stale = m  # ran here before, not for a while: measure it again
             elif self._trials.get(cell, 0) < cfg.min_trials and (
-                    m not in correction or estimates[m] <= best * (1.0 + cfg.explore_margin)):
+                    cell in self._fresh or m not in correction
+                    or estimates[m] <= best * (1.0 + cfg.explore_margin)):
                 due.append(m)
-        if not due:
+        if due:
+            return min(due, key=lambda m: (estimates[m], _ORDER[m])), \
+                "exploring: measured too few times here"
+        if stale is None:
             return None
-        return min(due, key=lambda m: (estimates[m], _ORDER[m]))
+        cell = base + _OFFSET[stale]
+        gap = self._gap.get(cell, min(cfg.refresh_first, cfg.refresh_every))
+        self._gap[cell] = min(2 * gap, cfg.refresh_every)
+        self._trials[cell] = 0  # the refresh runs min_trials times, like a first visit
+        self._fresh.setdefault(cell, (0, 0))
+        return stale, f"refreshing: not run here for {now - self._last_trial[cell]} steps"
 
-    def _count_trial(self, base: int, mode: str) -> None:
+    def _count_trial(self, base: int, mode: str, explored: bool) -> None:
         now = self._bucket_steps.get(base, 0) + 1
         self._bucket_steps[base] = now
         cell = base + _OFFSET[mode]
         self._trials[cell] = self._trials.get(cell, 0) + 1
         self._last_trial[cell] = now
+        if not explored and self._gap:
+            self._gap.pop(cell, None)  # chosen on its estimate: re-tries start short again
 
 
 __all__ = ["ENABLABLE", "CostModelPrior", "FlatPrior", "Gate", "GateConfig", "GateDecision",

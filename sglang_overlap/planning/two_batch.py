@@ -222,4 +222,21 @@ def _plan_extend(
     return TwoBatchPlan(ForwardKind.EXTEND, s, tok, True, (a, b))
 
 
-__all__ = ["ChildPlan", "ForwardKind", "TwoBatchPlan", "plan_two_batch"]
+def split_overlaps(kind: ForwardKind, busiest_tokens: int, tokens_per_seq: int = 1) -> bool:
+    """Whether a two-batch split of the busiest rank's batch leaves both children with tokens,
+    i.e. whether a TBO step overlaps anything at all. Decode / target-verify split by sequence:
+    at least two sequences of `tokens_per_seq` tokens; extend: at least two tokens (two-chunk
+    can cut one request). Where it is False every rank runs TBO with an empty child: the serial
+    path plus that child's cost, never faster."""
+    if type(kind) is not ForwardKind:
+        kind = ForwardKind(kind)
+    if tokens_per_seq < 1:
+        raise ValueError(f"tokens_per_seq must be >= 1; got {tokens_per_seq=}")
+    if kind is ForwardKind.IDLE:
+        return False
+    if kind is ForwardKind.EXTEND:
+        return busiest_tokens >= 2
+    return busiest_tokens >= 2 * tokens_per_seq
+
+
+__all__ = ["ChildPlan", "ForwardKind", "TwoBatchPlan", "plan_two_batch", "split_overlaps"]

@@ -5,18 +5,23 @@ counts, forward modes and TBO verdict. The gate (`gate.py`) first counts the cal
 attention DP, every --overlap-gating-sync-steps calls, an all-reduce of new measurements, reached
 at the same call on every rank, since every rank runs this hook for the same steps; without it
 the measurements ride the request broadcast, `request_receiver.py`), then picks the mode of this
-step; TBO is turned off for the step when another mode (or none) is chosen. Same inputs on
+step; TBO is turned off for the step when another mode (or none) is chosen. TBO is a candidate
+only where SGLang can run it and the split gives both micro-batches tokens on some rank
+(`planning.two_batch.split_overlaps`): a one-sequence decode step "in TBO" is the serial step
+plus an empty micro-batch, and measuring it would only teach the gate noise. Same inputs on
 every rank, same decision: collectives never mismatch. Every change of mode is logged at INFO
 with the step number, so the ranks' logs can be compared line for line.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from sglang_overlap import stats
 from sglang_overlap.planning.step_table import MODES
+from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
 from sglang_overlap.sglang import gate, state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -47,6 +52,24 @@ def step_phase(mlp_sync_info: Any) -> str:
     return "prefill" if any(m in _prefill_modes() for m in modes) else "decode"
 
 
+def _tokens_per_seq(mlp_sync_info: Any) -> int:
+    """Tokens per sequence of this step's decode-phase batches, the same on every rank: the
+    draft-token count for target-verify (the server's speculative config), else 1."""
+    mode = mlp_sync_info.global_forward_mode
+    if mode is None or int(mode) != _target_verify():
+        return 1
+    from sglang.srt.runtime_context import get_spec
+
+    return int(get_spec().speculative_num_draft_tokens or 1)
+
+
+@functools.cache
+def _target_verify() -> int:
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return int(ForwardMode.TARGET_VERIFY.value)
+
+
 def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `_update_gather_batch`: with --overlap-gating auto, keep TBO for this step only if
     the gate picks it. Reads only what every rank shares after the DP all-gather."""
@@ -59,9 +82,11 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     rt.tick()
     phase = step_phase(mlp_sync_info)
     available: set[str] = {"sbo"} if s.enable_single_batch_overlap else set()
-    if mlp_sync_info.tbo_split_seq_index is not None:
-        available |= {"tbo", "two_chunk"}
     tokens = list(mlp_sync_info.global_num_tokens or [mlp_sync_info.num_tokens])
+    if mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
+            ForwardKind.EXTEND if phase == "prefill" else ForwardKind.DECODE,
+            max(tokens, default=0), _tokens_per_seq(mlp_sync_info)):
+        available |= {"tbo", "two_chunk"}
     decision = rt.gate.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
     rt.expect(decision)
     state.set_step_mode(decision.mode)

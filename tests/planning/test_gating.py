@@ -251,6 +251,60 @@ def test_refresh_retries_a_mode_not_chosen_for_long() -> None:
     assert len(tries) == 4 and min(gaps) >= 50, tries
 
 
+def test_refresh_gaps_double_up_to_refresh_every() -> None:
+    prior = TablePrior({("decode", "none"): 1.0, ("decode", "tbo"): 2.0})
+    gate = Gate(prior, GateConfig(min_trials=1, explore_share=0.5, refresh_first=10,
+                                  refresh_every=80))
+    ds = [gate.decide("decode", [16]) for _ in range(400)]
+    tries = [i for i, d in enumerate(ds) if d.mode == "tbo"]
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    assert gaps == [10, 20, 40, 80, 80, 80, 80], tries
+    assert all(ds[i].why.startswith("refreshing: not run here for") for i in tries[1:])
+
+
+def _run(gate: Gate, truth: Mapping[str, float], steps: int, sync: int = 4) -> list[str]:
+    """Decode steps at 16 tokens; each step's measured time reaches the gate `sync` steps later."""
+    modes, pending = [], []
+    for step in range(steps):
+        d = gate.decide("decode", [16])
+        modes.append(d.mode)
+        pending.append((cell_index("decode", d.bucket, d.mode), truth[d.mode]))
+        if step % sync == sync - 1:
+            gate.merge(_vector(pending))
+            pending = []
+    return modes
+
+
+@pytest.mark.parametrize("refresh_every", [0, 2000])
+def test_a_stale_measurement_is_replaced_by_a_refresh(refresh_every: int) -> None:
+    """none was measured while the host was busy (2 ms), so TBO (1.5 ms) took over; the host is
+    quiet now (none 1 ms). Only a refresh can see it: the gate never chooses none by itself."""
+    gate = Gate(FlatPrior(frozenset({"tbo"})),
+                GateConfig(min_trials=3, explore_share=0.05, refresh_first=32,
+                           refresh_every=refresh_every))
+    busy = {"none": 2000.0, "tbo": 1500.0}
+    first = _run(gate, busy, 100)
+    assert first[-20:] == ["tbo"] * 20, first  # a refresh of none (if any) confirmed it
+    quiet = {"none": 1000.0, "tbo": 1500.0}
+    after = _run(gate, quiet, 400)
+    none = cell_index("decode", measure_bucket(16), "none")
+    if not refresh_every:
+        assert after.count("none") == 0 and gate.table.mean(none) == 2000.0
+        return
+    assert gate.table.mean(none) == 1000.0, "fresh trials replace the stale ones, not dilute them"
+    assert after.index("none") < 64, after  # the next refresh
+    assert after[64:].count("tbo") <= 3 * 3, after  # tbo's own refreshes: 32, 64, 128 steps
+    assert after[-50:] == ["none"] * 50, after
+
+
+def test_refresh_confirming_the_choice_costs_little() -> None:
+    """TBO is and stays 2x slower: each refresh re-runs it min_trials times, less and less often."""
+    gate = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.05))
+    modes = _run(gate, {"none": 1000.0, "tbo": 2000.0}, 4000)
+    assert modes[-100:] == ["none"] * 100
+    assert modes.count("tbo") <= 3 * 7, modes.count("tbo")  # gaps 64, 128, ..., 2000: <= 7 visits
+
+
 def test_recent_measurements_outweigh_old_ones() -> None:
     prior = TablePrior({("decode", "none"): 1.0, ("decode", "tbo"): 1.0})
     gate = Gate(prior, GateConfig(min_trials=0, max_count=8))

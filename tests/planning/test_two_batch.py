@@ -15,6 +15,7 @@ from sglang_overlap.planning.two_batch import (
     ForwardKind,
     TwoBatchPlan,
     plan_two_batch,
+    split_overlaps,
 )
 
 D, V, E, IDLE = ForwardKind.DECODE, ForwardKind.TARGET_VERIFY, ForwardKind.EXTEND, ForwardKind.IDLE
@@ -59,6 +60,24 @@ def test_idle_gives_two_empty_children() -> None:
     plan = plan_two_batch(IDLE, 0, attn_tp_size=8)
     assert ranges(plan) == [(0, 0, 0, 0, 0)] * 2 and plan.split_seq_index == 0
     assert plan.kind is IDLE and all(c.pad == 0 and c.num_seqs == 0 for c in plan.children)
+
+
+@pytest.mark.parametrize("tps", [1, 2, 4])
+@pytest.mark.parametrize("kind", [D, V])
+def test_split_overlaps_when_both_decode_children_get_tokens(kind: ForwardKind, tps: int) -> None:
+    for bs in range(6):
+        plan = plan_two_batch(kind, bs * tps, tokens_per_seq=tps)
+        both = all(c.num_tokens > 0 for c in plan.children)
+        assert split_overlaps(kind, bs * tps, tps) == both, f"{kind=} {bs=} {tps=} {plan=}"
+
+
+@pytest.mark.parametrize("tokens", range(5))
+def test_split_overlaps_for_one_extend_request_cut_in_two(tokens: int) -> None:
+    plan = plan_two_batch(E, tokens, extend_lens=[tokens], two_chunk_threshold=0.48)
+    assert split_overlaps(E, tokens) == all(c.num_tokens > 0 for c in plan.children), plan
+    assert not split_overlaps(IDLE, 0) and not split_overlaps("idle", 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tokens_per_seq"):
+        split_overlaps(D, 4, 0)
 
 
 def test_kind_accepts_the_string_value() -> None:

@@ -203,6 +203,33 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
     assert "step 1 decode busiest=8" in lines[0]
 
 
+def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings) -> None:
+    # One decode sequence: SGLang can run TBO (split index 0), but one micro-batch is empty on
+    # every rank, so it is the serial step plus overhead; the gate does not offer TBO there,
+    # even with a prior that says TBO wins, and SGLang's split is cleared.
+    class Prior:
+        name, enabled = "test", frozenset({"tbo"})
+
+        def candidates(self, phase: str) -> tuple[str, ...]:
+            return ("none", "tbo")
+
+        def predictions(self, phase: str, busiest: int, mean: float) -> dict[str, float]:
+            return {"none": 10.0, "tbo": 5.0}
+
+    rt = _runtime(Prior(), min_trials=0)
+    gate.set_runtime(rt)
+    batch = SimpleNamespace()
+    for mode, tokens, split, want in [(ForwardMode.DECODE, 1, 0, "none"),
+                                      (ForwardMode.DECODE, 2, 1, "tbo"),
+                                      (ForwardMode.EXTEND, 1, 0, "none"),
+                                      (ForwardMode.EXTEND, 2, 1, "tbo")]:
+        upstream_dp_attn._update_gather_batch(batch, _sync_info(mode, tokens, split), True)
+        assert state.step_mode() == want, (mode, tokens)
+        assert batch.tbo_split_seq_index == (split if want == "tbo" else None), (mode, tokens)
+        d = rt.gate.decide("prefill" if mode.is_extend() else "decode", [tokens])
+        assert d.mode == "tbo", "the gate alone, offered TBO, takes it"
+
+
 def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
     gate.set_runtime(rt)
@@ -414,4 +441,5 @@ def test_two_ranks_decide_identically(tmp_path: Path, script_text: str) -> None:
         seqs = [s["reasons"] for s in seqs]
     assert seqs[0] == seqs[1]
     modes = [r.split(": ")[1].split(" ")[0] for r in seqs[0]]
-    assert modes[-40:] == ["sbo"] * 40, modes
+    assert any("(refreshing: " in r for r in seqs[0]), "a refresh ran, on both ranks alike"
+    assert modes[-100:].count("sbo") >= 60, modes  # sbo, 5% faster than none at +-20% noise
