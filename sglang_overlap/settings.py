@@ -103,12 +103,13 @@ class OverlapSettings:
 
     overlap_gating_explore: float = dataclasses.field(
         default=0.05,
-        metadata={"help": "With --overlap-gating auto: at most this share of steps (0 to 0.5) "
-                  "runs a mode not yet measured often enough at that token count, to measure "
-                  "it; 0: no exploration (the prior decides until measured).",
+        metadata={"help": "With --overlap-gating auto: at most this share of each phase's "
+                  "(decode, prefill) steps (0 to 0.5) runs a mode to measure it: one not yet "
+                  "measured often enough at that token count, or not run there for a while; 0: "
+                  "no exploration (the prior decides until measured).",
                   "upstream": False, "metavar": "FRACTION"},
     )
-    """--overlap-gating-explore: cap on the share of steps spent measuring other modes."""
+    """--overlap-gating-explore: cap on the share of each phase's steps spent measuring modes."""
 
     overlap_gating_trials: int = dataclasses.field(
         default=3,

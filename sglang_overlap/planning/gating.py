@@ -15,10 +15,11 @@ has measured (1 if none). So what one bucket learns about a mode carries to its 
 
 Exploration: a candidate chosen fewer than `min_trials` times in a bucket is run instead of the
 estimate's choice, most promising first, while explored steps stay at most `explore_share` of
-all steps. Once other buckets have measured a mode (its correction is known), it is explored
-only where its estimate is within `explore_margin` of the best: a mode measured clearly slower
-elsewhere is not paid for again in every bucket. Trials count the gate's own choices, so
-exploration is a function of the inputs only.
+the phase's steps (each phase its own budget: prefill steps are fewer and longer, so decode's
+many steps must not pay for exploring prefill). Once other buckets have measured a mode (its
+correction is known), it is explored only where its estimate is within `explore_margin` of the
+best: a mode measured clearly slower elsewhere is not paid for again in every bucket. Trials
+count the gate's own choices, so exploration is a function of the inputs only.
 
 Refresh: a mode the bucket has not chosen for a while is measured again, because what it was
 measured at may no longer hold: the times of a mode the gate stopped choosing are frozen at the
@@ -94,7 +95,7 @@ def check_trials(trials: int) -> None:
 class GateConfig:
     hysteresis: float = 0.03
     min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
-    explore_share: float = 0.05  # explored steps stay at most this share of all steps
+    explore_share: float = 0.05  # explored steps stay at most this share of the phase's steps
     refresh_first: int = 64  # first re-try of a mode not chosen for this many of a bucket's steps
     refresh_every: int = 2000  # the re-try gap doubles up to this (0: no re-tries)
     max_count: int = 64  # measurements per cell before older ones fade (StepTable.cap)
@@ -148,6 +149,8 @@ class Gate:
         self.table = StepTable()  # the shared measurements (only `merge` changes it)
         self.steps = 0
         self.explored = 0
+        self._phase_steps = {"decode": 0, "prefill": 0}
+        self._phase_explored = {"decode": 0, "prefill": 0}
         self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
         self._current: dict[str, str] = {}
         self._last: dict[str, str] = {}
@@ -260,6 +263,7 @@ class Gate:
         if available is not None:
             candidates = tuple(m for m in candidates if m == "none" or m in available)
         self.steps += 1
+        self._phase_steps[phase] += 1
         bucket = measure_bucket(busiest)
         base = cell_index(phase, bucket, "none")
         prior = self.prior.predictions(phase, busiest, mean)
@@ -270,9 +274,10 @@ class Gate:
         correction = self._correction[phase]
         estimates, measured = self._estimates(base, prior, candidates, correction)
         chosen, why = self._choose(phase, estimates)
-        explore = self._exploration(base, chosen, estimates, correction)
+        explore = self._exploration(phase, base, chosen, estimates, correction)
         if explore is not None:
             self.explored += 1
+            self._phase_explored[phase] += 1
             chosen, why = explore
         self._count_trial(base, chosen, explore is not None)
         key = (phase, chosen)
@@ -301,11 +306,11 @@ class Gate:
             return best, f"beats {current} by more than {self.config.hysteresis:.0%}"
         return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
-    def _exploration(self, base: int, chosen: str, estimates: Mapping[str, float],
+    def _exploration(self, phase: str, base: int, chosen: str, estimates: Mapping[str, float],
                      correction: Mapping[str, float]) -> tuple[str, str] | None:
         """(the mode to measure instead of `chosen`, why), or None."""
         cfg = self.config
-        if self.explored + 1 > cfg.explore_share * self.steps:
+        if self._phase_explored[phase] + 1 > cfg.explore_share * self._phase_steps[phase]:
             return None  # the budget first: the common case costs one comparison
         if cfg.min_trials <= 0 or len(estimates) < 2:
             return None

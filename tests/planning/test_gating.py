@@ -232,13 +232,21 @@ def test_what_one_bucket_learns_carries_to_the_next() -> None:
     assert _feed(close, 100, 40, near).count("tbo") == 3, "competitive: explored min_trials times"
 
 
-def test_exploration_is_bounded_by_the_share() -> None:
+def test_exploration_is_bounded_by_the_share_in_each_phase() -> None:
     for share in (0.0, 0.01, 0.05, 0.2):
         gate = Gate(FlatPrior(frozenset({"tbo", "sbo", "two_chunk"})),
                     GateConfig(min_trials=3, explore_share=share))
+        steps = {"decode": 0, "prefill": 0}
+        explored = {"decode": 0, "prefill": 0}
         for phase, tokens in _workload(3, 2000):
-            gate.decide(phase, tokens)  # type: ignore[arg-type]
-            assert gate.explored <= share * gate.steps, f"{share=} {gate.explored=}"
+            d = gate.decide(phase, tokens)  # type: ignore[arg-type]
+            if d.busiest:
+                steps[phase] += 1
+                explored[phase] += d.explored
+            assert explored[phase] <= share * steps[phase], f"{share=} {phase=} {explored=}"
+        assert gate.explored == sum(explored.values())
+        if share >= 0.05:  # about 200 prefill steps: each phase explores on its own budget
+            assert min(explored.values()) > 0, f"{share=} {explored=}"
         assert (gate.explored > 0) == (share > 0), f"{share=} {gate.explored=}"
 
 
@@ -331,7 +339,7 @@ class ReferenceGate:
         self.sums: dict[tuple[str, int, str], list[float]] = {}
         self.history: list[tuple[str, int, str]] = []  # (phase, bucket, mode) chosen per step
         self.current: dict[str, str] = {}
-        self.explored = 0
+        self.explored = {"decode": 0, "prefill": 0}
         self.prior_ratio: dict[tuple[str, int], dict[str, float]] = {}  # at first visit
         self.corr: dict[tuple[str, str], float] = {}
 
@@ -372,14 +380,14 @@ class ReferenceGate:
             chosen = cur
         if cur is None or cur in est:
             self.current[phase] = chosen
-        steps = len(self.history) + 1
+        steps = sum(1 for h in self.history if h[0] == phase) + 1
         tried = {m: sum(1 for h in self.history if h == (phase, bucket, m)) for m in cands}
         low = min(est.values())
         due = [m for m in cands if m != chosen and tried[m] < self.cfg.min_trials
                and ((phase, m) not in self.corr or est[m] <= low * (1 + self.cfg.explore_margin))]
-        if due and self.explored + 1 <= self.cfg.explore_share * steps:
+        if due and self.explored[phase] + 1 <= self.cfg.explore_share * steps:
             chosen = sorted(due, key=lambda m: (est[m], order.index(m)))[0]
-            self.explored += 1
+            self.explored[phase] += 1
         self.history.append((phase, bucket, chosen))
         return chosen
 
