@@ -324,8 +324,7 @@ class Gate:
             cell = base + _OFFSET[m]
             last = self._last_trial.get(cell)
             if (last is not None and cfg.refresh_every > 0 and stale is None
-                    and now - last >= self._gap.get(cell, min(cfg.refresh_first,
-                                                              cfg.refresh_every))):
+                    and now - last >= self._refresh_gap(cell)):
                 stale = m  # ran here before, not for a while: measure it again
             elif self._trials.get(cell, 0) < cfg.min_trials and (
                     cell in self._fresh or m not in correction
@@ -337,11 +336,14 @@ class Gate:
         if stale is None:
             return None
         cell = base + _OFFSET[stale]
-        gap = self._gap.get(cell, min(cfg.refresh_first, cfg.refresh_every))
-        self._gap[cell] = min(2 * gap, cfg.refresh_every)
+        self._gap[cell] = min(2 * self._refresh_gap(cell), cfg.refresh_every)
         self._trials[cell] = 0  # the refresh runs min_trials times, like a first visit
         self._fresh.setdefault(cell, (0, 0))
         return stale, f"refreshing: not run here for {now - self._last_trial[cell]} steps"
+
+    def _refresh_gap(self, cell: int) -> int:
+        """The bucket steps `cell`'s mode may go unchosen before it is refreshed."""
+        return self._gap.get(cell, min(self.config.refresh_first, self.config.refresh_every))
 
     def _count_trial(self, base: int, mode: str, explored: bool) -> None:
         now = self._bucket_steps.get(base, 0) + 1
