@@ -125,7 +125,7 @@ class GateDecision(NamedTuple):
     step: int = 0  # the gate's step counter (same on every rank)
     why: str = ""
     explored: bool = False
-    changed: bool = False  # mode differs from this phase's previous decision
+    changed: bool = False  # mode, or being an exploration, differs from the phase's last step
 
     @property
     def predicted_us(self) -> Mapping[str, float]:
@@ -153,7 +153,7 @@ class Gate:
         self._phase_explored = {"decode": 0, "prefill": 0}
         self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
         self._current: dict[str, str] = {}
-        self._last: dict[str, str] = {}
+        self._last: dict[str, tuple[str, bool]] = {}  # phase -> (mode, explored) last step
         self._trials: dict[int, int] = {}  # cell -> times chosen
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # cell of mode "none" -> steps in the bucket
@@ -282,9 +282,10 @@ class Gate:
         self._count_trial(base, chosen, explore is not None)
         key = (phase, chosen)
         self.chosen[key] = self.chosen.get(key, 0) + 1
-        changed = self._last.get(phase) != chosen
+        last = (chosen, explore is not None)
+        changed = self._last.get(phase) != last
         if changed:
-            self._last[phase] = chosen
+            self._last[phase] = last
         decision = GateDecision(chosen, estimates, measured, phase, busiest,  # type: ignore[arg-type]
                                 mean, bucket, self.steps, why, explore is not None, changed)
         if logger.isEnabledFor(logging.DEBUG):

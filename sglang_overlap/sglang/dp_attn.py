@@ -9,8 +9,9 @@ step; TBO is turned off for the step when another mode (or none) is chosen. TBO 
 only where SGLang can run it and the split gives both micro-batches tokens on some rank
 (`planning.two_batch.split_overlaps`): a one-sequence decode step "in TBO" is the serial step
 plus an empty micro-batch, and measuring it would only teach the gate noise. Same inputs on
-every rank, same decision: collectives never mismatch. Every change of mode is logged at INFO
-with the step number, so the ranks' logs can be compared line for line.
+every rank, same decision: collectives never mismatch. Every change of mode, and the step after
+an exploration that settles on the same mode for its own reason, is logged at INFO with the step
+number, so the ranks' logs can be compared line for line.
 """
 
 from __future__ import annotations

@@ -196,6 +196,22 @@ def test_wrong_prior_is_overridden_by_measurement() -> None:
     assert gate.explored <= 0.2 * gate.steps
 
 
+def test_an_exploration_that_becomes_the_choice_is_a_change() -> None:
+    # The log shows changes only: "none (exploring)" followed by "none (beats tbo)" must show the
+    # second too, or the override would never appear in the log.
+    prior = TablePrior({("decode", "none"): 10.0, ("decode", "tbo"): 5.0})
+    gate = Gate(prior, GateConfig(min_trials=1, explore_share=0.5))
+    truth = {"none": 1000.0, "tbo": 1300.0}
+    ds = []
+    for _ in range(6):
+        d = gate.decide("decode", [16])
+        ds.append(d)
+        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
+    assert [(d.mode, d.explored, d.changed) for d in ds[:4]] == [
+        ("tbo", False, True), ("none", True, True), ("none", False, True), ("none", False, False)]
+    assert ds[2].why == "beats tbo by more than 3%"
+
+
 def test_measured_faster_mode_wins_against_a_flat_prior() -> None:
     gate = Gate(FlatPrior(frozenset({"tbo", "sbo"})), GateConfig(min_trials=3, explore_share=0.5))
     truth = {"none": 1000.0, "tbo": 1100.0, "sbo": 900.0}
