@@ -49,7 +49,6 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from typing import Literal, NamedTuple
 
 from sglang_overlap.planning.cost.prior import (
@@ -59,7 +58,13 @@ from sglang_overlap.planning.cost.prior import (
     Prior,
     token_bucket,
 )
-from sglang_overlap.planning.step_table import MODES, StepTable, cell_index, measure_bucket
+from sglang_overlap.planning.step_table import (
+    MODES,
+    StepTable,
+    cell_index,
+    measure_bucket,
+    vector_cells,
+)
 
 logger = logging.getLogger("sglang_overlap.gating")
 
@@ -148,7 +153,6 @@ class Gate:
         self.enabled = prior.enabled
         self.table = StepTable()  # the shared measurements (only `merge` changes it)
         self.steps = 0
-        self.explored = 0
         self._phase_steps = {"decode": 0, "prefill": 0}
         self._phase_explored = {"decode": 0, "prefill": 0}
         self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
@@ -162,12 +166,15 @@ class Gate:
         self._prior_ratio: dict[int, dict[str, float]] = {}  # bucket base -> prior(m) / prior(none)
         self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
 
+    @property
+    def explored(self) -> int:
+        """Steps run to measure a mode rather than on the estimates, both phases."""
+        return sum(self._phase_explored.values())
+
     def merge(self, vector: Sequence[int]) -> None:
         """Add all ranks' summed new measurements (`StepTable.to_vector` layout); call it at
         the same step on every rank."""
-        n = len(vector) // 2
-        self.merge_cells([(i, int(vector[i]), int(vector[n + i]))
-                          for i in compress(range(n), vector[:n])])
+        self.merge_cells(vector_cells(vector))
 
     def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
         """`merge` in sparse form: (cell, count, total us) triples (`StepTable.take`); call it
@@ -276,7 +283,6 @@ class Gate:
         chosen, why = self._choose(phase, estimates)
         explore = self._exploration(phase, base, chosen, estimates, correction)
         if explore is not None:
-            self.explored += 1
             self._phase_explored[phase] += 1
             chosen, why = explore
         self._count_trial(base, chosen, explore is not None)

@@ -96,11 +96,7 @@ class StepTable:
     def add_vector(self, vector: Sequence[int], max_count: int | None = None) -> None:
         """Add a vector from `to_vector` (of this table's shape) to this table; with
         `max_count`, cap the cells it touched (`cap`). Costs O(cells touched)."""
-        if len(vector) != 2 * NUM_CELLS:
-            raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries "
-                             f"(got {len(vector)})")
-        self.add_cells(((i, int(vector[i]), int(vector[NUM_CELLS + i]))
-                        for i in compress(range(NUM_CELLS), vector[:NUM_CELLS])), max_count)
+        self.add_cells(vector_cells(vector), max_count)
 
     def add_cells(self, cells: Iterable[tuple[int, int, int]],
                   max_count: int | None = None) -> None:
@@ -160,6 +156,14 @@ class StepTable:
         return out
 
 
+def vector_cells(vector: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The (cell, count, total us) triples of a `to_vector` vector's measured cells."""
+    if len(vector) != 2 * NUM_CELLS:
+        raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries (got {len(vector)})")
+    return [(i, int(vector[i]), int(vector[NUM_CELLS + i]))
+            for i in compress(range(NUM_CELLS), vector[:NUM_CELLS])]
+
+
 def format_rows(rows: Iterable[TableRow]) -> str:
     """One line per (phase, bucket): every measured mode's mean step time and count."""
     grouped: dict[tuple[str, int, int, int], list[TableRow]] = {}
@@ -174,4 +178,4 @@ def format_rows(rows: Iterable[TableRow]) -> str:
 
 
 __all__ = ["MODES", "NUM_BUCKETS", "NUM_CELLS", "PHASES", "StepTable", "TableRow",
-           "bucket_bounds", "cell_index", "format_rows", "measure_bucket"]
+           "bucket_bounds", "cell_index", "format_rows", "measure_bucket", "vector_cells"]

@@ -13,7 +13,7 @@ import pytest
 
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior
 from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
-from sglang_overlap.planning.gating import Gate, GateConfig
+from sglang_overlap.planning.gating import Gate, GateConfig, GateDecision
 from sglang_overlap.planning.step_table import NUM_CELLS, StepTable, cell_index, measure_bucket
 
 DSV3 = load_model("deepseek-v3")
@@ -60,6 +60,26 @@ def _vector(measurements: list[tuple[int, float]]) -> list[int]:
     for cell, us in measurements:
         t.add(cell, us)
     return t.to_vector()
+
+
+def _decide(gate: Gate, truth: Mapping[str, float], steps: int, tokens: int = 16,
+            sync: int = 1) -> list[GateDecision]:
+    """Decode steps at `tokens` tokens, each timed at `truth` of its mode; the times reach the
+    gate every `sync` steps."""
+    decisions, pending = [], []
+    for step in range(steps):
+        d = gate.decide("decode", [tokens])
+        decisions.append(d)
+        pending.append((cell_index("decode", d.bucket, d.mode), truth[d.mode]))
+        if step % sync == sync - 1:
+            gate.merge(_vector(pending))
+            pending = []
+    return decisions
+
+
+def _modes(gate: Gate, truth: Mapping[str, float], steps: int, tokens: int = 16,
+           sync: int = 1) -> list[str]:
+    return [d.mode for d in _decide(gate, truth, steps, tokens, sync)]
 
 
 # -- the prior alone (min_trials=0): what the cost model says -----------------------------------
@@ -186,11 +206,7 @@ def test_wrong_prior_is_overridden_by_measurement() -> None:
     prior = TablePrior({("decode", "none"): 10.0, ("decode", "tbo"): 5.0})
     gate = Gate(prior, GateConfig(min_trials=2, explore_share=0.2))
     truth = {"none": 1000.0, "tbo": 1300.0}
-    modes = []
-    for _ in range(120):
-        d = gate.decide("decode", [16])
-        modes.append(d.mode)
-        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
+    modes = _modes(gate, truth, 120)
     assert modes[0] == "tbo", "the prior decides before anything is measured"
     assert modes[-50:] == ["none"] * 50, modes
     assert gate.explored <= 0.2 * gate.steps
@@ -202,11 +218,7 @@ def test_an_exploration_that_becomes_the_choice_is_a_change() -> None:
     prior = TablePrior({("decode", "none"): 10.0, ("decode", "tbo"): 5.0})
     gate = Gate(prior, GateConfig(min_trials=1, explore_share=0.5))
     truth = {"none": 1000.0, "tbo": 1300.0}
-    ds = []
-    for _ in range(6):
-        d = gate.decide("decode", [16])
-        ds.append(d)
-        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
+    ds = _decide(gate, truth, 6)
     assert [(d.mode, d.explored, d.changed) for d in ds[:4]] == [
         ("tbo", False, True), ("none", True, True), ("none", False, True), ("none", False, False)]
     assert ds[2].why == "beats tbo by more than 3%"
@@ -215,37 +227,26 @@ def test_an_exploration_that_becomes_the_choice_is_a_change() -> None:
 def test_measured_faster_mode_wins_against_a_flat_prior() -> None:
     gate = Gate(FlatPrior(frozenset({"tbo", "sbo"})), GateConfig(min_trials=3, explore_share=0.5))
     truth = {"none": 1000.0, "tbo": 1100.0, "sbo": 900.0}
-    seen = []
-    for _ in range(60):
-        d = gate.decide("decode", [40])
-        seen.append(d.mode)
-        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
+    seen = _modes(gate, truth, 60, tokens=40)
     assert seen[0] == "none", "a flat prior ties, and ties go to no overlap"
     assert seen.count("tbo") == 1, "tbo, measured 10% slower than none, is not tried again"
     assert seen[-30:] == ["sbo"] * 30, seen
 
 
-def _feed(gate: Gate, tokens: int, steps: int, truth: Mapping[str, float]) -> list[str]:
-    modes = []
-    for _ in range(steps):
-        d = gate.decide("decode", [tokens])
-        modes.append(d.mode)
-        gate.merge(_vector([(cell_index("decode", d.bucket, d.mode), truth[d.mode])]))
-    return modes
-
-
 def test_what_one_bucket_learns_carries_to_the_next() -> None:
     gate = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.5))
     slow = {"none": 1000.0, "tbo": 2000.0}
-    first = _feed(gate, 16, 40, slow)
+    first = _modes(gate, slow, 40)
     assert first.count("tbo") == 1 and gate.correction("decode", "tbo") == pytest.approx(2.0)
     d = gate.decide("decode", [100])  # a new bucket: tbo estimated from the correction
     assert d.estimates == {"none": 1.0, "tbo": 2.0}, "flat prior x correction, unmeasured"
-    assert _feed(gate, 100, 40, slow).count("tbo") == 0, "known 2x slower: not explored again"
+    assert _modes(gate, slow, 40, tokens=100).count("tbo") == 0, \
+        "known 2x slower: not explored again"
     close = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.5))
     near = {"none": 1000.0, "tbo": 1050.0}  # within the 10% exploration margin
-    _feed(close, 16, 40, near)
-    assert _feed(close, 100, 40, near).count("tbo") == 3, "competitive: explored min_trials times"
+    _modes(close, near, 40)
+    assert _modes(close, near, 40, tokens=100).count("tbo") == 3, \
+        "competitive: explored min_trials times"
 
 
 def test_exploration_is_bounded_by_the_share_in_each_phase() -> None:
@@ -286,19 +287,6 @@ def test_refresh_gaps_double_up_to_refresh_every() -> None:
     assert all(ds[i].why.startswith("refreshing: not run here for") for i in tries[1:])
 
 
-def _run(gate: Gate, truth: Mapping[str, float], steps: int, sync: int = 4) -> list[str]:
-    """Decode steps at 16 tokens; each step's measured time reaches the gate `sync` steps later."""
-    modes, pending = [], []
-    for step in range(steps):
-        d = gate.decide("decode", [16])
-        modes.append(d.mode)
-        pending.append((cell_index("decode", d.bucket, d.mode), truth[d.mode]))
-        if step % sync == sync - 1:
-            gate.merge(_vector(pending))
-            pending = []
-    return modes
-
-
 @pytest.mark.parametrize("refresh_every", [0, 2000])
 def test_a_stale_measurement_is_replaced_by_a_refresh(refresh_every: int) -> None:
     """none was measured while the host was busy (2 ms), so TBO (1.5 ms) took over; the host is
@@ -307,10 +295,10 @@ def test_a_stale_measurement_is_replaced_by_a_refresh(refresh_every: int) -> Non
                 GateConfig(min_trials=3, explore_share=0.05, refresh_first=32,
                            refresh_every=refresh_every))
     busy = {"none": 2000.0, "tbo": 1500.0}
-    first = _run(gate, busy, 100)
+    first = _modes(gate, busy, 100, sync=4)
     assert first[-20:] == ["tbo"] * 20, first  # a refresh of none (if any) confirmed it
     quiet = {"none": 1000.0, "tbo": 1500.0}
-    after = _run(gate, quiet, 400)
+    after = _modes(gate, quiet, 400, sync=4)
     none = cell_index("decode", measure_bucket(16), "none")
     if not refresh_every:
         assert after.count("none") == 0 and gate.table.mean(none) == 2000.0
@@ -324,7 +312,7 @@ def test_a_stale_measurement_is_replaced_by_a_refresh(refresh_every: int) -> Non
 def test_refresh_confirming_the_choice_costs_little() -> None:
     """TBO is and stays 2x slower: each refresh re-runs it min_trials times, less and less often."""
     gate = Gate(FlatPrior(frozenset({"tbo"})), GateConfig(min_trials=3, explore_share=0.05))
-    modes = _run(gate, {"none": 1000.0, "tbo": 2000.0}, 4000)
+    modes = _modes(gate, {"none": 1000.0, "tbo": 2000.0}, 4000, sync=4)
     assert modes[-100:] == ["none"] * 100
     assert modes.count("tbo") <= 3 * 7, modes.count("tbo")  # gaps 64, 128, ..., 2000: <= 7 visits
 
