@@ -9,8 +9,11 @@ run:
                 as `default_config` reproduces it: the launcher itself costs nothing
     pat block / pat expert   per-(expert, 64-row block) / per-expert signals, deferred
     pat eager   per-block signals raised right after each tile's stores
+    pat store   per-block signals, the signalling lane issuing the stores itself (store_warp:
+                the math threads wait only for shared-memory reads, as in DeepGEMM)
     pat best    the fastest (block_m, block_n, multicast) of a sweep, per-block signals, deferred
     best, expert  the same config with per-expert signals
+    best store / best store, expert   the best config with the store warp
     fused       the plugin's Triton producer (served config, per-expert signals)
     sliced      DeepGEMM launched on E/4 expert slices over two streams + signal stores
 
@@ -75,7 +78,8 @@ def sweep(e: int, cap: int, rows: int) -> list:
 
 def config_name(cfg) -> str:
     mc = "" if cfg.multicast == 1 else f"+mc{'A' if cfg.multicast_on_a else 'B'}"
-    return f"{cfg.block_m}x{cfg.block_n}x{cfg.num_stages}{mc}{'+eager' if cfg.eager else ''}"
+    timing = "+eager" if cfg.eager else "+store" if cfg.store_warp else ""
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.num_stages}{mc}{timing}"
 
 
 def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
@@ -86,9 +90,12 @@ def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
 
     base = default_config(e, rows, cap, N, K, SMS)
     jobs = [(base, SMS, "none"), (base, SMS, "block"), (base, SMS, "expert"),
-            (replace(base, eager=True), SMS, "block")]
+            (replace(base, eager=True), SMS, "block"),
+            (replace(base, store_warp=True), SMS, "block")]
     jobs += [(cfg, sms, mode) for cfg in sweep(e, cap, rows) for sms, mode in
              ((SMS, "block"), (SMS, "expert"), (SERVED_SMS, "block"))]
+    jobs += [(replace(cfg, store_warp=True), SMS, mode) for cfg in sweep(e, cap, rows)
+             for mode in ("block", "expert")]
     return jobs
 
 
@@ -236,8 +243,11 @@ def measure(e: int, cap: int, rows: int) -> dict:
         "block": producer(base, "block", SMS),
         "expert": producer(base, "expert", SMS),
         "eager": producer(replace(base, eager=True), "block", SMS),
+        "store": producer(replace(base, store_warp=True), "block", SMS),
         "best": producer(best, "block", SMS),
         "best_expert": producer(best, "expert", SMS),
+        "best_store": producer(replace(best, store_warp=True), "block", SMS),
+        "best_store_expert": producer(replace(best, store_warp=True), "expert", SMS),
         "best_served": producer(best, "block", SERVED_SMS),
     }
     checks = {name: check(bitwise=name == "plain") for name, (_, check) in variants.items()}
@@ -265,7 +275,9 @@ def measure(e: int, cap: int, rows: int) -> dict:
 
 def table(results: list[dict], copy: float) -> str:
     cols = [("plain", "pat plain"), ("block", "pat block"), ("expert", "pat expert"),
-            ("eager", "pat eager"), ("best", "pat best"), ("best_expert", "best, expert"),
+            ("eager", "pat eager"), ("store", "pat store"), ("best", "pat best"),
+            ("best_expert", "best, expert"), ("best_store", "best store"),
+            ("best_store_expert", "best store, expert"),
             ("best_served", f"best @{SERVED_SMS} SMs"), ("fused", "fused"),
             ("sliced", "sliced")]
     head = " | ".join(f"{label} | / DG" for _, label in cols)

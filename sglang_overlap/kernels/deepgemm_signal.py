@@ -19,9 +19,13 @@ The patch names the exact deep_gemm version and header it applies to (`PATCHES`)
 version, a changed header or no nvcc makes `probe()` say why, and `down_gemm` then serves the
 Triton producer with one log line. No deep_gemm import happens here: only its files are read.
 
-Signal timing (`DgSignalConfig.eager`): deferred (default) signals a tile when the next tile of the
-same CTA waits for its stores anyway (or after the CTA's last tile), so the GEMM never stalls for
-a signal; eager waits for each tile's stores right after issuing them (one warp stalls).
+Signal timing (`DgSignalConfig.eager`, `.store_warp`): deferred (default) signals a tile when the
+next tile of the same CTA waits for its stores anyway (or after the CTA's last tile), so the GEMM
+never stalls for a signal, though that wait becomes one for the global writes, not only for the
+shared-memory reads; eager waits for each tile's stores right after issuing them (one warp
+stalls); store_warp lets the signalling lane issue the tile's TMA stores itself, so the math
+threads wait only for the shared-memory reads (as in DeepGEMM) and the global-write wait moves
+off the math path.
 
 Legend: E local experts, C capacity rows per expert, K reduction dim, N output dim (hidden).
 """
@@ -277,6 +281,9 @@ class DgSignalConfig:
     eager: bool = False
     """Hand a tile to the signalling lane right after its stores (the store threads wait for
     them) instead of at the next tile's store wait (deferred: no wait on the math path)."""
+    store_warp: bool = False
+    """The signalling lane issues each tile's TMA stores itself and frees shared memory once they
+    have read it; the math threads never wait for a global write (exclusive with `eager`)."""
     multicast: int = 1
     """CTAs of a cluster sharing one TMA load (1 or 2; DeepGEMM's kNumTMAMulticast)."""
     multicast_on_a: bool = False
@@ -292,6 +299,8 @@ class DgSignalConfig:
             raise ValueError(f"num_stages must be >= 1 (got {self.num_stages})")
         if self.multicast not in (1, 2):
             raise ValueError(f"multicast must be 1 or 2 (got {self.multicast})")
+        if self.eager and self.store_warp:
+            raise ValueError("eager and store_warp are two signal timings: choose one")
 
     def check_launch(self, n: int, num_sms: int) -> None:
         """ValueError when this config cannot run on `num_sms` SMs for output width `n`."""
@@ -362,8 +371,13 @@ def kernel_source(config: DgSignalConfig, *, num_groups: int, n: int, k: int, nu
             f"        cute::UMMA::Major::K, {args},\n"
             "        GemmType::MGroupedMasked, cutlass::bfloat16_t,\n"
             "        epilogue::transform::EpilogueIdentity,\n"
-            f"        {_MODE_VALUE[mode]}, {unit_m}, {'true' if config.eager else 'false'}>);\n"
+            f"        {_MODE_VALUE[mode]}, {unit_m}, {_cpp_bool(config.eager)}, "
+            f"{_cpp_bool(config.store_warp and mode != 'none')}>);\n"
             "}\n")
+
+
+def _cpp_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def compile_cubin(source_text: str, include: Path) -> Path:

@@ -129,7 +129,8 @@ def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSigna
         return None
     if (block_m, block_n) == (plan.dg_config.block_m, plan.dg_config.block_n):
         return plan.dg_config
-    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k))
+    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k),
+                          eager=plan.dg_config.eager, store_warp=plan.dg_config.store_warp)
 
 
 def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:

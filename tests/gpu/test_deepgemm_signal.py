@@ -73,9 +73,10 @@ def random_config(rng: random.Random, cap: int, n: int = 7168):
     bn = rng.choice([64, 112, 128, 144, 160, 192])
     stages = rng.choice([max_stages(bm, bn, 2048), 3])
     multicast = 2 if -(-n // bn) % 2 == 0 and rng.random() < 0.5 else 1
+    timing = rng.choice(["deferred", "eager", "store_warp"])
     return DgSignalConfig(bm, bn, min(stages, max_stages(bm, bn, 2048)),
-                          eager=rng.random() < 0.5, multicast=multicast,
-                          multicast_on_a=rng.random() < 0.5)
+                          eager=timing == "eager", store_warp=timing == "store_warp",
+                          multicast=multicast, multicast_on_a=rng.random() < 0.5)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -130,6 +131,46 @@ def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
             out=down)
 
     check_overlapped(case, layout, *run_overlapped(case, layout, config, producer=producer))
+
+
+# (E, C, block_m, block_n, multicast): the served E 8 decode tile; a 9-slab store (block_n 144);
+# 128-row tiles with 2-CTA multicast; 3 slabs of 64 columns
+STORE_WARP_SHAPES = [(8, 64, 64, 160, 1), (8, 256, 64, 144, 1), (16, 256, 128, 128, 2),
+                     (32, 128, 128, 192, 1)]
+
+
+@pytest.mark.parametrize("granularity", ["expert", "block"])
+@pytest.mark.parametrize("shape", STORE_WARP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_store_warp_is_deferred_bit_for_bit(shape: tuple, granularity: str) -> None:
+    """The store-warp timing moves who issues the TMA stores, not what is stored: the same bits
+    as the deferred timing, every signal final, blocks past masked_m untouched; and a spinning
+    consumer never reads a poisoned row."""
+    from dataclasses import replace
+
+    from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
+    from sglang_overlap.kernels.signal_gemm import new_signal
+
+    e, cap, bm, bn, multicast = shape
+    case = dg_case(100 + e, e, cap, 7168, 2048, zero_experts=1)
+    deferred = DgSignalConfig(bm, bn, max_stages(bm, bn, 2048), multicast=multicast)
+    store = replace(deferred, store_warp=True)
+    unit = bm if granularity == "expert" else 64
+    layout = layout_for(case, granularity, unit, bn, comm_sms=4)
+    outs = []
+    for config in (deferred, store):
+        sig = new_signal(layout, "cuda")
+        outs.append(run(case, config, layout=layout, signal=sig, num_sms=128))
+        torch.cuda.synchronize()
+        assert sig.view(torch.int32).tolist() == [layout.expect_value] * layout.num_signals
+    valid = valid_rows(case)
+    assert torch.equal(outs[1][valid], outs[0][valid])
+    assert torch.equal(outs[1].isnan(), outs[0].isnan()), "a different set of rows written"
+
+    def producer(down: torch.Tensor, sig: torch.Tensor) -> None:
+        run(case, store, layout=layout, signal=sig, num_sms=layout.compute_num_sms // 2 * 2,
+            out=down)
+
+    check_overlapped(case, layout, *run_overlapped(case, layout, store, producer=producer))
 
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])

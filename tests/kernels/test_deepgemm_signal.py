@@ -1,5 +1,6 @@
 """The patched-DeepGEMM producer's host side (kernels/deepgemm_signal.py), on the CPU: locating and
-patching the installed headers, configs, the generated source, operand and layout checks.
+patching the installed headers, configs, the generated source (compiled with nvcc where it is
+installed: no GPU needed), operand and layout checks.
 
 The patch itself is checked against the release it names: an unpacked sgl-deep-gemm 0.1.4.post1
 wheel from SGLANG_OVERLAP_DEEPGEMM_014 (.ci/run sets it), else downloaded once with pip into
@@ -8,6 +9,7 @@ wheel from SGLANG_OVERLAP_DEEPGEMM_014 (.ci/run sets it), else downloaded once w
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import shutil
@@ -164,13 +166,48 @@ def test_kernel_source_instantiates_the_patched_template() -> None:
     assert f"#include <{ds.KERNEL_HEADER}>" in text
     assert ("cute::UMMA::Major::K, 0, 7168, 2048, 16, 128, 192, 128, 128, 128, 128, 4, 128, "
             "256, 2, true, 128,") in text
-    assert text.rstrip().endswith("1, 64, true>);\n}".rstrip())
+    assert text.rstrip().endswith("1, 64, true, false>);\n}".rstrip())
     plain = ds.kernel_source(ds.DgSignalConfig(64, 160, 7), num_groups=8, n=7168, k=2048,
                              num_sms=132, mode="none", unit_m=64)
-    assert ", 64, 7, 128, 128, 1, false, 132," in plain and "0, 64, false>" in plain
+    assert ", 64, 7, 128, 128, 1, false, 132," in plain and "0, 64, false, false>" in plain
+    store = ds.DgSignalConfig(64, 160, 7, store_warp=True)
+    assert "2, 64, false, true>" in ds.kernel_source(store, num_groups=8, n=7168, k=2048,
+                                                      num_sms=132, mode="expert", unit_m=64)
+    # signals off: the kernel has no signalling lane to store from, so it is DeepGEMM's
+    assert ds.kernel_source(store, num_groups=8, n=7168, k=2048, num_sms=132, mode="none",
+                            unit_m=64) == plain
     with pytest.raises(ValueError, match="multiple of the signal's 128 rows"):
         ds.kernel_source(ds.DgSignalConfig(64, 128, 3), num_groups=1, n=256, k=128,
                          num_sms=2, mode="block", unit_m=128)
+
+
+NVCC_CASES = [  # (config, mode): every signal timing, both forms, multicast, a 9-slab store
+    (ds.DgSignalConfig(64, 160, 7), "none"),
+    (ds.DgSignalConfig(64, 160, 7), "block"),
+    (ds.DgSignalConfig(64, 112, 9, eager=True), "expert"),
+    (ds.DgSignalConfig(64, 160, 7, store_warp=True), "block"),
+    (ds.DgSignalConfig(128, 144, 5, store_warp=True, multicast=2), "expert"),
+]
+
+
+def test_every_signal_timing_compiles_with_nvcc(dg014: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patched kernel builds with nvcc (no GPU needed) in every timing and form, and each
+    instantiation is its own cubin."""
+    try:
+        ds.nvcc_path()
+    except ds.DgSignalError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv(ds.CACHE_ENV, str(tmp_path / "cache"))
+    include = ds.prepared_include(ds.locate([str(dg014)]))
+    texts = [ds.kernel_source(cfg, num_groups=8, n=7168, k=2048, num_sms=132, mode=mode,
+                              unit_m=64) for cfg, mode in NVCC_CASES]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        cubins = list(pool.map(lambda t: ds.compile_cubin(t, include), texts))
+    assert len(set(cubins)) == len(NVCC_CASES)
+    for cubin in cubins:
+        assert b"sm90_fp8_gemm_1d2d_impl" in cubin.read_bytes()
+    assert ds.compile_cubin(texts[0], include) == cubins[0]  # cached
 
 
 def test_config_validation() -> None:
@@ -180,6 +217,8 @@ def test_config_validation() -> None:
         ds.DgSignalConfig(64, 176, 4)
     with pytest.raises(ValueError, match="multicast must be 1 or 2"):
         ds.DgSignalConfig(64, 128, 4, multicast=4)
+    with pytest.raises(ValueError, match="eager and store_warp are two signal timings"):
+        ds.DgSignalConfig(64, 128, 4, eager=True, store_warp=True)
     ds.DgSignalConfig(64, 112, 9, multicast=2).check_launch(7168, 132)  # 64 n tiles
     with pytest.raises(ValueError, match="even number of n tiles"):
         ds.DgSignalConfig(64, 160, 7, multicast=2).check_launch(7168, 132)  # 45 n tiles

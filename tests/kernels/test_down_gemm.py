@@ -148,6 +148,15 @@ def test_a_layout_for_other_tiles_gets_a_matching_config() -> None:
     assert dg_config_for_layout(plan, odd, 512) is None  # 100 is no SM90 block_n: slices
 
 
+def test_a_matching_config_keeps_the_plans_signal_timing() -> None:
+    plan = down_gemm.SignalPlan("deepgemm", dg_config=DgSignalConfig(64, 160, 7, store_warp=True,
+                                                                     multicast=2))
+    foreign = plan_sbo_layout(num_local_experts=4, capacity=256, block_m=128, block_n=112,
+                              hidden=7168, num_sms=132, comm_num_sms=4, granularity="expert")
+    cfg = dg_config_for_layout(plan, foreign, 2048)
+    assert cfg == DgSignalConfig(128, 112, 6, store_warp=True)  # multicast is the tile's own
+
+
 @dg_available
 def test_a_run_time_failure_falls_back_for_good(caplog: pytest.LogCaptureFixture) -> None:
     assert choose_signal_path(8, 64, 256).path == "deepgemm"
