@@ -29,7 +29,9 @@
 #       is built here in place (the recipe below, ~60 s on 16 cores, trees in parallel).
 #   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT;
 #       sgo/ the patched kernel's cubins (SGLANG_OVERLAP_CACHE; built anywhere with nvcc 13.0:
-#       python benchmarks/bench_dg_signal.py --compile-only, on a machine with deep_gemm 0.1.4.post1)
+#       python benchmarks/bench_dg_signal.py --compile-only, on a machine with deep_gemm 0.1.4.post1),
+#       or sgo.tar.gz of its kernels/ folders (a fifth of the size; unpacked into sgo/ here):
+#         tar -czf .gpu-cache/sgo.tar.gz -C .gpu-cache sgo/deepgemm-signal/<version-key>/kernels
 set -uo pipefail
 MODE=${1:-sbo}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +51,7 @@ mkdir -p "$CACHE/work"
 export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
 export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
 export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
+[ -f "$CACHE/sgo.tar.gz" ] && [ "$SGLANG_OVERLAP_CACHE" = "$CACHE/sgo" ] && tar -xzf "$CACHE/sgo.tar.gz" -C "$CACHE"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
