@@ -357,22 +357,24 @@ def default_config(num_groups: int, expected_m: int, capacity: int, n: int, k: i
 
 def kernel_source(config: DgSignalConfig, *, num_groups: int, n: int, k: int, num_sms: int,
                   mode: SignalMode, unit_m: int) -> str:
-    """The translation unit that instantiates the patched kernel (shape_m stays dynamic)."""
+    """The translation unit that instantiates the patched kernel (shape_m stays dynamic). With
+    signals off the timing means nothing: the source is the same for every timing."""
     if mode == "block" and config.block_m % unit_m:
         raise ValueError(f"per-block signals need block_m {config.block_m} to be a multiple of "
                          f"the signal's {unit_m} rows")
     args = ", ".join(str(x) for x in (
         0, n, k, num_groups, config.block_m, config.block_n, BLOCK_K, 128, 128,
         swizzle_mode(config.block_n), config.num_stages, TMA_THREADS, config.math_threads,
-        config.multicast, "true" if config.multicast_on_a else "false", num_sms))
+        config.multicast, _cpp_bool(config.multicast_on_a), num_sms))
+    signals = mode != "none"
     return (f"#include <{KERNEL_HEADER}>\n\nusing namespace deep_gemm;\n\n"
             "static void __instantiate_kernel() {\n"
             "    auto ptr = reinterpret_cast<void*>(&sm90_fp8_gemm_1d2d_impl<\n"
             f"        cute::UMMA::Major::K, {args},\n"
             "        GemmType::MGroupedMasked, cutlass::bfloat16_t,\n"
             "        epilogue::transform::EpilogueIdentity,\n"
-            f"        {_MODE_VALUE[mode]}, {unit_m}, {_cpp_bool(config.eager)}, "
-            f"{_cpp_bool(config.store_warp and mode != 'none')}>);\n"
+            f"        {_MODE_VALUE[mode]}, {unit_m}, {_cpp_bool(signals and config.eager)}, "
+            f"{_cpp_bool(signals and config.store_warp)}>);\n"
             "}\n")
 
 

@@ -173,9 +173,10 @@ def test_kernel_source_instantiates_the_patched_template() -> None:
     store = ds.DgSignalConfig(64, 160, 7, store_warp=True)
     assert "2, 64, false, true>" in ds.kernel_source(store, num_groups=8, n=7168, k=2048,
                                                       num_sms=132, mode="expert", unit_m=64)
-    # signals off: the kernel has no signalling lane to store from, so it is DeepGEMM's
-    assert ds.kernel_source(store, num_groups=8, n=7168, k=2048, num_sms=132, mode="none",
-                            unit_m=64) == plain
+    # signals off: no timing applies (no signalling lane to store from), so it is DeepGEMM's
+    for timed in (store, ds.DgSignalConfig(64, 160, 7, eager=True)):
+        assert ds.kernel_source(timed, num_groups=8, n=7168, k=2048, num_sms=132, mode="none",
+                                unit_m=64) == plain
     with pytest.raises(ValueError, match="multiple of the signal's 128 rows"):
         ds.kernel_source(ds.DgSignalConfig(64, 128, 3), num_groups=1, n=256, k=128,
                          num_sms=2, mode="block", unit_m=128)
