@@ -30,7 +30,7 @@
 #   GPU_CACHE=.gpu-cache  caches.tar.gz of DeepGEMM/Triton JIT caches from an earlier $OUT;
 #       sgo/ the patched kernel's cubins (SGLANG_OVERLAP_CACHE; built anywhere with nvcc 13.0:
 #       python benchmarks/bench_dg_signal.py --compile-only, on a machine with deep_gemm 0.1.4.post1),
-#       or sgo.tar.gz of its kernels/ folders (a fifth of the size; unpacked into sgo/ here):
+#       or sgo.tar.gz of its kernels/ folders (4 MB for 314 cubins; unpacked into sgo/ here):
 #         tar -czf .gpu-cache/sgo.tar.gz -C .gpu-cache sgo/deepgemm-signal/<version-key>/kernels
 set -uo pipefail
 MODE=${1:-sbo}; shift || true
