@@ -55,8 +55,10 @@ log = logging.getLogger(__name__)
 DEEPGEMM_CAPACITY_ALIGN = 64
 
 # The patched DeepGEMM producer's tile (block_m, block_n) per local-expert bucket and rows per
-# expert: the fastest of the H200 sweep with per-block signals (2026-12-04, 24 shapes,
-# benchmarks/results/h200_dg_signal.md). Buckets: E <= 8, <= 16, more; rows <= 64, <= 128, more.
+# expert: the fastest of the H200 sweep with per-block signals (2026-12-04, 21 shapes; the same
+# tiles won the 2026-12-05 sweep but at E 32, 256 rows, where its quick pass picked 128x128, which
+# then measured 1.12x against this tile's 1.02x; benchmarks/results/h200_dg_signal.md).
+# Buckets: E <= 8, <= 16, more; rows <= 64, <= 128, more.
 DG_SIGNAL_TILES: dict[int, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = {
     8: ((64, 160), (128, 160), (128, 192)),
     16: ((64, 128), (128, 128), (128, 160)),
@@ -104,14 +106,18 @@ def _deepgemm_signal_failed(exc: Exception) -> None:
 
 def dg_signal_config(num_local_experts: int, expected_m: int, capacity: int,
                      k: int = 2048) -> DgSignalConfig:
-    """The patched kernel's served tile for this shape (`DG_SIGNAL_TILES`; 128-row tiles only
-    where they divide the capacity), with the most stages that fit."""
+    """The patched kernel's served config for this shape: the tile of `DG_SIGNAL_TILES` (128-row
+    tiles only where they divide the capacity) with the most stages that fit, signals raised by
+    the store warp (`DgSignalConfig.store_warp`). On the H200 (2026-12-05, 21 shapes) it beat
+    deferred signals at 20 of 21 shapes in each of three pairings (the sweep's best tile per block
+    and per expert, DeepGEMM's own tile per block): by 1-4 % at E 16 / 32, 0.2-1.7 % at E 8, and
+    at most 0.4 % slower at the one shape of each pairing where it lost."""
     bucket = 8 if num_local_experts <= 8 else 16 if num_local_experts <= 16 else 32
     small, mid, large = DG_SIGNAL_TILES[bucket]
     block_m, block_n = small if expected_m <= 64 else mid if expected_m <= 128 else large
     if capacity % block_m:
         block_m = 64
-    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k))
+    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k), store_warp=True)
 
 
 def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSignalConfig | None:
@@ -139,9 +145,10 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
     h200_signal_gemm.md, h200_padded_gemm.md, h200_sbo_layer.md):
 
     - the patched DeepGEMM kernel wherever it can run (sgl-deep-gemm 0.1.4.post1 and nvcc; the
-      capacity a multiple of 64): 0.94-1.04x one plain DeepGEMM launch at every measured shape
-      (E 8/16/32, 1-256 rows, padded or not), the fastest producer at each of them
-      (2026-12-04, interleaved rounds); otherwise, as measured before it:
+      capacity a multiple of 64): with deferred signals 0.94-1.04x one plain DeepGEMM launch at
+      every measured shape (E 8/16/32, 1-256 rows, padded or not), the fastest producer at each
+      of them (2026-12-04, interleaved rounds); the store warp (served since 2026-12-05) is
+      faster still (`dg_signal_config`); otherwise, as measured before it:
 
     - fused for few experts while the GEMM is memory-bound and the buffer is not padded (E < 16,
       <= 64 rows, capacity = the rows rounded up to 64: 1.03-1.09x one DeepGEMM launch);

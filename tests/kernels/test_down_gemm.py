@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from sglang_overlap.kernels import down_gemm
-from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError
+from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError, max_stages
 from sglang_overlap.kernels.down_gemm import (
     DEEPGEMM_CAPACITY_ALIGN,
     choose_signal_path,
@@ -112,7 +112,16 @@ def test_patched_deepgemm_is_served_with_the_measured_tiles(experts: int, m: int
     plan = choose_signal_path(experts, m, capacity)
     assert plan.path == "deepgemm" and plan.dg_config is not None, plan
     assert (plan.dg_config.block_m, plan.dg_config.block_n) == tile
-    assert not plan.dg_config.eager and plan.dg_config.multicast == 1
+    assert plan.dg_config == down_gemm.dg_signal_config(experts, m, capacity)
+
+
+@pytest.mark.parametrize(("experts", "m", "capacity"), [(8, 16, 64), (16, 256, 256), (32, 1, 256)])
+def test_the_served_config_signals_from_the_store_warp(experts: int, m: int, capacity: int) -> None:
+    """The timing measured fastest on the H200 (2026-12-05): the store warp, never eager, and the
+    tile without multicast, with the most stages that fit K 2048."""
+    cfg = down_gemm.dg_signal_config(experts, m, capacity)
+    assert cfg.store_warp and not cfg.eager and cfg.multicast == 1
+    assert cfg.num_stages == max_stages(cfg.block_m, cfg.block_n, 2048)
 
 
 @dg_available
