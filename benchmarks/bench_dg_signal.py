@@ -22,9 +22,9 @@ run:
 Producers run on all 132 SMs here (the DeepGEMM launch does too); `served @N SMs` repeats the
 served config on the SMs SBO leaves the GEMM. The variants are timed in interleaved rounds (each
 round replays every variant's graph in a rotating order), and each ratio is the median of the
-per-round ratios to DeepGEMM, so clock drift between variants cancels. Achieved TB/s counts each operand
-read once and the output written once; `copy` is a device-to-device copy measured in the same
-run (read + write).
+per-round ratios to DeepGEMM, so clock drift between variants cancels. Achieved TB/s (of the
+served config) counts each operand read once and the output written once; `copy` is a
+device-to-device copy measured in the same run (read + write).
 Every patched run is checked: NaN-poisoned output, valid rows against DeepGEMM's (bitwise for
 `pat plain`), blocks past masked_m untouched, every signal at its final value.
 
