@@ -110,8 +110,8 @@ def dg_signal_config(num_local_experts: int, expected_m: int, capacity: int,
     tiles only where they divide the capacity) with the most stages that fit, signals raised by
     the store warp (`DgSignalConfig.store_warp`). On the H200 (2026-12-05, 21 shapes) it beat
     deferred signals at 20 of 21 shapes in each of three pairings (the sweep's best tile per block
-    and per expert, DeepGEMM's own tile per block): by 1-4 % at E 16 / 32, 0.2-1.7 % at E 8, and
-    at most 0.4 % slower at the one shape of each pairing where it lost."""
+    and per expert, DeepGEMM's own tile per block): by up to 5 % at E 16 / 32 and 1.7 % at E 8,
+    and at most 0.4 % slower at the one shape of each pairing where it lost."""
     bucket = 8 if num_local_experts <= 8 else 16 if num_local_experts <= 16 else 32
     small, mid, large = DG_SIGNAL_TILES[bucket]
     block_m, block_n = small if expected_m <= 64 else mid if expected_m <= 128 else large
