@@ -37,3 +37,31 @@ def summary() -> str:
     body = " ".join(f"{k}={v}" for k, v in sorted(_counts.items()))
     return f"sglang-overlap stats [pid {os.getpid()}]: {body}"
 
+
+
+# Labelled counters, exported by the metrics glue (SGLang's /metrics) and read by tests. Each
+# series has fixed label names; `add` refuses an unknown series or a wrong number of labels.
+SERIES: dict[str, tuple[str, ...]] = {
+    "steps": ("phase", "mode", "runner"),        # every forward step: runner "graph" | "eager"
+    "eager_fallbacks": ("mode", "reason"),      # a step in the graph range that ran eager
+    "decisions": ("phase", "mode"),             # --overlap-gating auto: the mode chosen
+    "decision_changes": ("phase",),             # ... that differed from the previous step's
+    "explored_steps": ("phase", "mode"),        # ... chosen to measure a mode
+}
+Labels = tuple[str, ...]
+_series: dict[str, Counter[Labels]] = {name: Counter() for name in SERIES}
+
+
+def add(series: str, *labels: str, n: int = 1) -> None:
+    """Add `n` to the counter of `series` at `labels` (one value per name in `SERIES[series]`)."""
+    names = SERIES.get(series)
+    if names is None:
+        raise KeyError(f"unknown stats series {series!r}; known: {', '.join(SERIES)}")
+    if len(labels) != len(names):
+        raise ValueError(f"stats series {series!r} takes labels {names}, got {labels}")
+    _series[series][labels] += n
+
+
+def snapshot() -> dict[str, dict[Labels, int]]:
+    """A copy of every labelled counter: {series: {labels: count}}, zero counts left out."""
+    return {name: {k: v for k, v in c.items() if v} for name, c in _series.items()}

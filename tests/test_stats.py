@@ -37,3 +37,23 @@ def test_summary_is_sorted_by_path(fresh: None) -> None:
     for path in ("two_chunk", "gate_none", "tbo"):
         stats.count(path)
     assert stats.summary().endswith("]: gate_none=1 tbo=1 two_chunk=1")
+
+
+def test_labelled_series_count_and_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats, "_series", {name: Counter() for name in stats.SERIES})
+    stats.add("steps", "decode", "tbo", "graph")
+    stats.add("steps", "decode", "tbo", "graph", n=2)
+    stats.add("eager_fallbacks", "none", "batch above --cuda-graph-max-bs")
+    snap = stats.snapshot()
+    assert snap["steps"] == {("decode", "tbo", "graph"): 3}
+    assert snap["eager_fallbacks"] == {("none", "batch above --cuda-graph-max-bs"): 1}
+    assert snap["decisions"] == {}
+    snap["steps"][("decode", "tbo", "graph")] = 0  # a copy: the counters stay
+    assert stats.snapshot()["steps"] == {("decode", "tbo", "graph"): 3}
+
+
+def test_labelled_series_refuse_unknown_names_and_wrong_labels() -> None:
+    with pytest.raises(KeyError, match="'step'"):
+        stats.add("step", "decode", "tbo", "graph")
+    with pytest.raises(ValueError, match="'steps' takes labels"):
+        stats.add("steps", "decode", "tbo")
