@@ -127,3 +127,29 @@ def test_the_hook_is_registered_and_pinned() -> None:
 
     live = guard.current_fingerprints([mc.LOG_STATS])[mc.LOG_STATS]
     assert live == mc.HOOKS[0].fingerprint
+
+
+def test_dashboard_queries_only_exported_series() -> None:
+    """docs/grafana-sglang-overlap.json is valid JSON and every series it queries is one the
+    glue exports (a renamed series breaks the dashboard: this fails first)."""
+    import json
+    import re
+
+    dash = json.loads((REPO / "docs" / "grafana-sglang-overlap.json").read_text())
+    exported = {f"{mc.PREFIX}_{name}_total" for name, _ in mc.COUNTERS.values()}
+    exported |= {f"{mc.PREFIX}_gate_step_time_seconds", f"{mc.PREFIX}_gate_step_samples",
+                 f"{mc.PREFIX}_info"}
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    used = {m for e in exprs for m in re.findall(r"sglang_overlap_\w+", e)}
+    assert used and used <= exported, used - exported
+    assert {f"{mc.PREFIX}_gate_decisions_total", f"{mc.PREFIX}_steps_total",
+            f"{mc.PREFIX}_gate_step_time_seconds", f"{mc.PREFIX}_info"} <= used
+
+
+def test_metrics_doc_names_every_series() -> None:
+    text = (REPO / "docs" / "metrics.md").read_text()
+    for name, _ in mc.COUNTERS.values():
+        assert f"`{mc.PREFIX}_{name}_total`" in text, name
+    for series in ("gate_step_time_seconds", "gate_step_samples", "info"):
+        assert f"`{mc.PREFIX}_{series}`" in text, series
