@@ -62,7 +62,7 @@ class Row:
     deep_gemm: str
     nvcc: str
     tbo: str  # TBO / two-chunk
-    sbo: str  # the SBO path (planning.sbo_path.SboPath value)
+    sbo: str  # the SBO path: a planning.sbo_path.SboPath value, or torch_a2a
     producer: str  # who writes the SBO down GEMM's signals
     flags: str  # which overlap flags work
     needs: tuple[Requirement, ...] = field(repr=False)
@@ -98,6 +98,8 @@ _NVCC = Requirement("nvcc (the patched kernel is JIT-compiled)", lambda s: s.nvc
                     "install the CUDA toolkit's nvcc and set CUDA_HOME")
 _TRITON = Requirement("triton (the plugin's Triton signal GEMM)", lambda s: s.triton,
                       "pip install triton")
+_DEEP_EP = Requirement("deep_ep installed", lambda s: s.deep_ep is not None,
+                       f"pip install {PINNED_DEEP_EP}")
 _PER_EXPERT = _form("per_expert", f"pip install {PINNED_DEEP_EP}")
 _PER_BLOCK = _form("per_block", "build DeepEP's antgroup-opt tree (no released sgl-deep-ep has "
                    "the per-block form)")
@@ -106,33 +108,32 @@ _PER_BLOCK = _form("per_block", "build DeepEP's antgroup-opt tree (no released s
 def rows() -> tuple[Row, ...]:
     """The table, in the order the SBO decision prefers (`planning.sbo_path`): the first row a
     stack matches is the path it serves."""
-    dg = " / ".join(patched_deep_gemm_versions())
-    deepep_flags = ("TBO, two-chunk, SBO, --overlap-gating auto, --sbo-* flags")
+    dg = "sgl-deep-gemm " + " / ".join(patched_deep_gemm_versions())
+    deepep_flags = "all"
     hopper = (_sglang(), _arch("sm90", "Hopper"))
     return (
-        Row("sm90-per-block", "Hopper (SM90)", "antgroup-opt build", dg, "yes", "deepep",
+        Row("sm90-per-block", "Hopper (SM90)", "DeepEP antgroup-opt build", dg, "yes", "deepep",
             "fine_grained", "patched DeepGEMM", deepep_flags,
             (*hopper, _PER_BLOCK, _patched_dg(), _NVCC, _TRITON)),
         Row("sm90-patched-deepgemm", "Hopper (SM90)", "sgl-deep-ep 0.1.2.post1", dg, "yes",
             "deepep", "per_expert", "patched DeepGEMM (fast path)", deepep_flags,
             (*hopper, _PER_EXPERT, _patched_dg(), _NVCC, _TRITON)),
-        Row("sm90-per-block-triton", "Hopper (SM90)", "antgroup-opt build", "any other / none",
+        Row("sm90-per-block-triton", "Hopper (SM90)", "DeepEP antgroup-opt build", "other versions",
             "any", "deepep", "fine_grained", "Triton (or DeepGEMM slices)", deepep_flags,
             (*hopper, _PER_BLOCK, _TRITON)),
-        Row("sm90-triton", "Hopper (SM90)", "sgl-deep-ep 0.1.2.post1", "any other / none",
+        Row("sm90-triton", "Hopper (SM90)", "sgl-deep-ep 0.1.2.post1", "other versions",
             "any", "deepep", "per_expert", "Triton (or DeepGEMM slices)", deepep_flags,
             (*hopper, _PER_EXPERT, _TRITON)),
-        Row("sm90-no-signal", "Hopper (SM90)", "no overlap form / none", "any", "any",
-            "deepep if installed, else torch_a2a", "shared_expert_only", "none",
-            "TBO, two-chunk, SBO (shared expert only), auto gating",
-            hopper),
+        Row("sm90-no-signal", "Hopper (SM90)", "no overlap form", "any", "any", "deepep",
+            "shared_expert_only", "none", "all but --sbo-down-gemm-overlap force and "
+            "--sbo-signal-granularity expert or block", (*hopper, _DEEP_EP)),
         Row("sm100", "Blackwell (SM100)", "sgl-deep-ep 0.1.2.post1", "SGLang's pin", "any",
             "deepep", "upstream_blackwell", "SGLang's own (flashinfer_cutedsl)",
-            "TBO, two-chunk, SBO, auto gating; --sbo-signal-granularity block refused",
+            "all but --sbo-signal-granularity block",
             (_sglang(), _arch("sm100", "Blackwell"), _PER_EXPERT)),
         Row("any-torch-a2a", "any, CPU included", "none", "none", "no",
-            "torch_a2a (--tp >= 2)", "shared_expert_only", "none",
-            "TBO, two-chunk, SBO (shared expert only), auto gating", (_sglang(),)),
+            "torch_a2a (--tp >= 2)", "torch_a2a", "the plugin's torch experts",
+            "all but the --sbo-* flags", (_sglang(),)),
     )
 
 

@@ -107,20 +107,32 @@ def info_labels() -> dict[str, str]:
     """The SBO path this process serves, its down-GEMM producer, the kernel versions and the
     version guard's verdict."""
     from sglang_overlap.kernels.capabilities import package_version
-    from sglang_overlap.sglang import sbo_decision, server_args
+    from sglang_overlap.sglang import sbo_decision, server_args, state
 
-    decision = sbo_decision.active_decision()
-    path = decision.path.value if decision is not None and decision.path else "off"
-    producer = "none"
-    if decision is not None and decision.down_gemm_overlap:
-        from sglang_overlap.kernels.down_gemm import deepgemm_signal_unavailable
-
-        producer = "triton" if deepgemm_signal_unavailable() else "patched_deepgemm"
+    path, producer = sbo_served(state.settings(), sbo_decision.active_decision())
     inert = server_args._inert.get("reason")  # noqa: SLF001 - the guard's verdict, set at register
     return {"sbo_path": path, "sbo_producer": producer,
             "deep_gemm_version": package_version("deep_gemm") or "none",
             "deep_ep_version": package_version("deep_ep") or "none",
             "guard": "ok" if inert is None else "inert"}
+
+
+def sbo_served(settings: Any, decision: Any) -> tuple[str, str]:
+    """(SBO path, down-GEMM producer): off; torch_a2a (the plugin's torch experts mark each
+    unit as it finishes); the path the plugin chose on SM90 (`moe_utils.py`); else upstream
+    (SGLang's own SBO: SM100, or a GPU the table does not speak for)."""
+    if not settings.enable_single_batch_overlap:
+        return "off", "none"
+    if settings.requested_a2a_backend == "torch_a2a":
+        return "torch_a2a", "torch_experts"
+    if decision is None or decision.path is None:
+        return "upstream", "upstream"
+    if not decision.down_gemm_overlap:
+        return str(decision.path.value), "none"
+    from sglang_overlap.kernels.down_gemm import deepgemm_signal_unavailable
+
+    return (str(decision.path.value),
+            "triton" if deepgemm_signal_unavailable() else "patched_deepgemm")
 
 
 def gate_table() -> dict[str, Any] | None:

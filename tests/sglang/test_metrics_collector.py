@@ -153,3 +153,24 @@ def test_metrics_doc_names_every_series() -> None:
         assert f"`{mc.PREFIX}_{name}_total`" in text, name
     for series in ("gate_step_time_seconds", "gate_step_samples", "info"):
         assert f"`{mc.PREFIX}_{series}`" in text, series
+
+
+def test_sbo_served() -> None:
+    from types import SimpleNamespace
+
+    from sglang_overlap.planning.sbo_path import SboDecision, SboPath
+
+    def s(sbo: bool, a2a: str = "deepep") -> SimpleNamespace:
+        return SimpleNamespace(enable_single_batch_overlap=sbo, requested_a2a_backend=a2a)
+
+    shared = SboDecision(SboPath.SHARED_EXPERT_ONLY, "no signal path")
+    assert mc.sbo_served(s(False), shared) == ("off", "none")
+    assert mc.sbo_served(s(True, "torch_a2a"), None) == ("torch_a2a", "torch_experts")
+    assert mc.sbo_served(s(True), None) == ("upstream", "upstream")
+    assert mc.sbo_served(s(True), shared) == ("shared_expert_only", "none")
+    per_expert = SboDecision(SboPath.PER_EXPERT, "x", granularity="expert")
+    path, producer = mc.sbo_served(s(True), per_expert)
+    from sglang_overlap.kernels.down_gemm import deepgemm_signal_unavailable
+
+    assert path == "per_expert"
+    assert producer == ("triton" if deepgemm_signal_unavailable() else "patched_deepgemm")
