@@ -122,3 +122,12 @@ def test_compat_answer_for_the_installed_versions(capsys: pytest.CaptureFixture[
     assert c["fast_path_serves"] == (expected["fast_path_serves"] and patched)
     if not c["fast_path_serves"]:
         assert c["missing"] and all(m["fix"] for m in c["missing"])
+
+
+def test_compat_answer_for_a_blackwell_box(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm100")
+    c = out["compat"]
+    assert c["stack"]["arch"] == "sm100" and c["fast_path"] == "sm100"
+    has_form = "per-expert" in out["kernels"]["deep_ep"]["low_latency_combine_overlap"]
+    assert c["fast_path_serves"] == has_form
+    assert ("sm100" in c["matched"]) == has_form and "any-torch-a2a" in c["matched"]
