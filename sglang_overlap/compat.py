@@ -170,6 +170,11 @@ def evaluate(stack: Stack) -> Verdict:
     return Verdict(matched, gen, serves, () if serves else missing)
 
 
+def fast_path_install() -> str:
+    """The command that installs the Hopper fast path's kernels (nvcc comes with CUDA)."""
+    return f"pip install {PINNED_DEEP_EP} sgl-deep-gemm=={patched_deep_gemm_versions()[-1]}"
+
+
 _COLUMNS = ("GPU", "deep_ep", "deep_gemm", "nvcc", "EP backend", "SBO path",
             "SBO down-GEMM producer", "overlap flags that work")
 
@@ -184,4 +189,4 @@ def markdown_table() -> str:
 
 
 __all__ = ["Requirement", "Row", "Stack", "SUPPORTED_SGLANG", "Verdict", "evaluate",
-           "markdown_table", "patched_deep_gemm_versions", "rows"]
+           "fast_path_install", "markdown_table", "patched_deep_gemm_versions", "rows"]

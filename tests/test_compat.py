@@ -90,6 +90,16 @@ def test_readme_carries_the_table() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert compat.markdown_table() in readme, "README.md's compatibility table is stale: paste " \
         "`python -c 'from sglang_overlap.compat import markdown_table; print(markdown_table())'`"
+    assert f"`{compat.fast_path_install()}`" in readme
+
+
+def test_fast_path_install_meets_the_fast_path_row() -> None:
+    words = compat.fast_path_install().split()
+    pins = dict(w.split("==") for w in words if "==" in w)
+    stack = Stack(arch="sm90", sglang="0.5.23", deep_ep=pins["sgl-deep-ep"],
+                  deep_ep_forms=("per_expert",), deep_gemm=pins["sgl-deep-gemm"], nvcc=True,
+                  triton=True)
+    assert evaluate(stack).fast_path_serves
 
 
 def test_markdown_table_shape() -> None:
