@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from sglang_overlap.planning.sbo_path import PINNED_DEEP_EP, Arch, CombineForm
 
 SUPPORTED_SGLANG = "0.5.23"
+SGLANG_DEEP_GEMM = "0.2.3.post2"  # the sgl-deep-gemm sglang 0.5.23 pins
 
 
 def patched_deep_gemm_versions() -> tuple[str, ...]:
@@ -25,6 +26,13 @@ def patched_deep_gemm_versions() -> tuple[str, ...]:
     from sglang_overlap.kernels.deepgemm_signal import PATCHES
 
     return tuple(sorted(PATCHES, key=_version_key))
+
+
+def recommended_deep_gemm() -> str:
+    """The sgl-deep-gemm to install for the patched producer: SGLang's own pin where the patch
+    covers it (no conflict with sglang's requirement), else the newest covered release."""
+    versions = patched_deep_gemm_versions()
+    return SGLANG_DEEP_GEMM if SGLANG_DEEP_GEMM in versions else versions[-1]
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -91,7 +99,7 @@ def _patched_dg() -> Requirement:
     versions = patched_deep_gemm_versions()
     return Requirement(f"sgl-deep-gemm {' / '.join(versions)} (the signal patch's releases)",
                        lambda s: s.deep_gemm in versions,
-                       f"pip install sgl-deep-gemm=={versions[-1]}")
+                       f"pip install sgl-deep-gemm=={recommended_deep_gemm()}")
 
 
 _NVCC = Requirement("nvcc (the patched kernel is JIT-compiled)", lambda s: s.nvcc,
@@ -172,7 +180,7 @@ def evaluate(stack: Stack) -> Verdict:
 
 def fast_path_install() -> str:
     """The command that installs the Hopper fast path's kernels (nvcc comes with CUDA)."""
-    return f"pip install {PINNED_DEEP_EP} sgl-deep-gemm=={patched_deep_gemm_versions()[-1]}"
+    return f"pip install {PINNED_DEEP_EP} sgl-deep-gemm=={recommended_deep_gemm()}"
 
 
 _COLUMNS = ("GPU", "deep_ep", "deep_gemm", "nvcc", "EP backend", "SBO path",
