@@ -45,7 +45,8 @@ class GemmSample:
     us: float
 
 
-# DeepGEMM fp8 masked grouped GEMM on the H200 of the CUDA test machine, DeepSeek-V3 down-proj
+# DeepGEMM fp8 masked grouped GEMM on one H200 SXM (sgl-deep-gemm 0.1.4.post1, torch 2.11.0+cu130,
+# CUDA 13.0), DeepSeek-V3 down-proj
 # (N = 7168, K = 2048), one launch, CUDA graph, median of 5 x 50 replays.
 H200_DOWN_PROJ_SAMPLES = (
     GemmSample(8, 32, 7168, 2048, 38.1), GemmSample(8, 64, 7168, 2048, 38.6),

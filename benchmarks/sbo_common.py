@@ -1,4 +1,4 @@
-"""Shared set-up of the SBO scripts on the GPU machine: one rank (or torchrun), one DeepEP
+"""Shared set-up of the SBO scripts on a CUDA GPU: one rank (or torchrun), one DeepEP
 low-latency buffer, and the shapes of the tests and the benchmark (for the JIT warm-up)."""
 
 from __future__ import annotations

@@ -166,10 +166,33 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
         out["sbo"] = {"path": None, "reason": "refused", "refusal": str(exc)}
         status = status or 1
     out["tbo"] = {"path": _tbo(settings, server_args)}
+    out["compat"] = _compat(report, out)
     if out["sglang"].get("guard", "ok") != "ok":
         status = status or 1
     out["ok"] = status == 0
     return out, status
+
+
+def _compat(report: ProbeReport, out: dict[str, Any]) -> dict[str, Any]:
+    """The compatibility table's answer for the installed versions (`sglang_overlap.compat`)."""
+    from sglang_overlap.compat import Stack, evaluate
+    from sglang_overlap.kernels.deepgemm_signal import DgSignalError, nvcc_path
+
+    try:
+        nvcc = nvcc_path() is not None
+    except DgSignalError:
+        nvcc = False
+    caps = report.capabilities
+    stack = Stack(arch=caps.arch, sglang=out["sglang"]["version"], deep_ep=caps.deep_ep_version,
+                  deep_ep_forms=caps.deep_ep_combine_forms, deep_gemm=caps.deep_gemm_version,
+                  nvcc=nvcc, triton=report.triton)
+    verdict = evaluate(stack).to_dict()
+    patched = out["kernels"]["plugin_patched_deepgemm"]
+    if verdict["fast_path"] == "sm90-patched-deepgemm" and verdict["fast_path_serves"] \
+            and not patched["available"]:  # e.g. the installed header is not the patched one
+        verdict["fast_path_serves"] = False
+        verdict["missing"] = [{"needs": "the patched DeepGEMM producer", "fix": patched["reason"]}]
+    return {"stack": {k: getattr(stack, k) for k in Stack.__dataclass_fields__}, **verdict}
 
 
 def _parse(argv: list[str], flags: dict[str, Any]) -> tuple[OverlapSettings, Any, int]:
@@ -235,8 +258,18 @@ def _print(out: dict[str, Any]) -> None:
     sbo = out["sbo"]
     lines.append(f"SBO: {sbo['path'] or 'REFUSED'}: {sbo['refusal'] or sbo['reason']}")
     lines.append(f"TBO: {out['tbo']['path']}")
+    lines += _compat_lines(out["compat"])
     lines.append("ready" if out["ok"] else "NOT READY for these flags")
     print("\n".join(lines))
+
+
+def _compat_lines(c: dict[str, Any]) -> list[str]:
+    lines = ["compatibility table rows matched: " + (", ".join(c["matched"]) or "none")]
+    if c["fast_path"] is not None:
+        lines.append(f"fast path ({c['fast_path']}): "
+                     + ("will serve" if c["fast_path_serves"] else "will NOT serve"))
+    lines += [f"  missing {m['needs']}: {m['fix']}" for m in c["missing"]]
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

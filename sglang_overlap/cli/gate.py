@@ -2,7 +2,7 @@
 
 Reads GET /server_info (the `sglang_overlap_gate` entry each DP rank's scheduler adds) and prints,
 per phase and token bucket, every measured mode's mean step time and sample count; `--json`
-prints the entries as served.
+prints the entries as served; `--plot FILE.png` draws them (`gate_plot.py`, needs matplotlib).
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
     p = subparsers.add_parser(name, help=help, description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000")
     p.add_argument("--json", action="store_true", help="print the served entries as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw step time per token bucket and "
+                   "mode, the served mode shaded (needs matplotlib)")
+    p.add_argument("--dp-rank", type=int, default=0,
+                   help="with --plot: whose table to draw (default 0)")
     p.set_defaults(func=run)
 
 
@@ -56,8 +60,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang-overlap gate: {args.url} serves no gate table (is it running with "
               "--overlap-gating auto and this plugin?)", file=sys.stderr)
         return 1
+    if args.plot:
+        if not 0 <= args.dp_rank < len(found):
+            print(f"sglang-overlap gate: --dp-rank {args.dp_rank}: the server has DP ranks "
+                  f"0-{len(found) - 1}", file=sys.stderr)
+            return 2
+        from sglang_overlap.cli.gate_plot import draw_gate
+
+        draw_gate(found[args.dp_rank], args.plot, title=f"{args.url}, DP rank {args.dp_rank}: "
+                  f"what --overlap-gating auto learned")
     if args.json:
         print(json.dumps(found, indent=2))
     else:
         print("\n\n".join(f"DP rank {i}:\n{format_table(t)}" for i, t in enumerate(found)))
+    if args.plot:
+        print(f"plot: {args.plot}")
     return 0

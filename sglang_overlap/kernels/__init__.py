@@ -28,6 +28,7 @@ Inside SGLang, the glue (`sglang_overlap.sglang`) calls capabilities, deepep's c
 torch_a2a: a2a, contracts, experts, streams; SGLang's own layer runs the rest. `DeepEPDispatcher`,
 `deepgemm_experts.py`, `sbo_layer.py` and `sbo_watchdog.py` are the plugin's own MoE layer on
 the same real kernels: what the GPU tests and benchmarks run to prove those kernels without
-SGLang (sglang does not install on the GPU machine). The oracle all of these are checked
+SGLang (they ran on an H200 with torch 2.11, where sglang 0.5.23's torch 2.14 stack was not
+installed). The oracle all of these are checked
 against is `sglang_overlap.reference`.
 """

@@ -55,6 +55,7 @@ GLUE_MODULES: tuple[str, ...] = (
     "moe_utils",  # sglang.srt.layers.moe.utils
     "single_batch_overlap",  # sglang.srt.batch_overlap.single_batch_overlap
     "deep_gemm_wrapper",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
+    "metrics_collector",  # sglang.srt.observability.metrics_collector
 )
 
 

@@ -102,3 +102,32 @@ def test_rejected_server_flags_still_report_the_overlap_paths(
                      "--moe-a2a-backend", "deepep", "--no-such-sglang-flag")
     assert rc == 2 and any("rejected" in e for e in out["flags"]["errors"])
     assert out["sbo"]["path"] == ("per_expert" if HAS_TRITON else "shared_expert_only")
+
+
+def test_compat_answer_for_the_installed_versions(capsys: pytest.CaptureFixture[str]) -> None:
+    """`check --json` carries the compatibility table's verdict for what is installed here."""
+    from sglang_overlap.compat import evaluate
+
+    rc, out = _check(capsys, "--assume-arch", "sm90")
+    c = out["compat"]
+    s = c["stack"]
+    assert s["arch"] == "sm90" and s["sglang"] == "0.5.23"
+    assert s["deep_gemm"] == out["kernels"]["deep_gemm"]["version"]
+    assert s["deep_ep"] == out["kernels"]["deep_ep"]["version"]
+    from sglang_overlap.compat import Stack
+
+    expected = evaluate(Stack(**{**s, "deep_ep_forms": tuple(s["deep_ep_forms"])})).to_dict()
+    assert c["matched"] == expected["matched"] and c["fast_path"] == "sm90-patched-deepgemm"
+    patched = out["kernels"]["plugin_patched_deepgemm"]["available"]
+    assert c["fast_path_serves"] == (expected["fast_path_serves"] and patched)
+    if not c["fast_path_serves"]:
+        assert c["missing"] and all(m["fix"] for m in c["missing"])
+
+
+def test_compat_answer_for_a_blackwell_box(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(capsys, "--assume-arch", "sm100")
+    c = out["compat"]
+    assert c["stack"]["arch"] == "sm100" and c["fast_path"] == "sm100"
+    has_form = "per-expert" in out["kernels"]["deep_ep"]["low_latency_combine_overlap"]
+    assert c["fast_path_serves"] == has_form
+    assert ("sm100" in c["matched"]) == has_form and "any-torch-a2a" in c["matched"]

@@ -9,8 +9,12 @@ ends every SGLang 0.5.23 CPU server (probes.ENDING_CASE).
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import probes
 from servers import Server
@@ -33,8 +37,10 @@ CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "tbo": ([*A2A, "--enable-two-batch-overlap"], {}),
     "sbo": ([*A2A, "--enable-single-batch-overlap"], {}),
     "auto": ([*A2A, "--enable-two-batch-overlap", "--enable-single-batch-overlap",
-              "--overlap-gating", "auto", "--overlap-hardware-profile", "H20"], {}),
+              "--overlap-gating", "auto", "--overlap-hardware-profile", "H20",
+              "--enable-metrics", "--enable-metrics-for-all-schedulers"], {}),
 }
+METRICS_SCRAPED = ("auto",)  # test_metrics.py: /metrics before and after the fixed prompts
 PROBED = ("plain_without_plugin", "tbo", "sbo", "auto")
 PORT = 30200
 
@@ -51,12 +57,52 @@ class Probes:
 
 
 @dataclass(frozen=True)
+class Metrics:
+    before: str
+    """GET /metrics once the server is healthy, before the fixed prompts."""
+    after: str
+    """GET /metrics after them, once the plugin's gate counters caught up (or 60 s passed)."""
+    gate: dict[str, Any]
+    """The gate's learned table from GET /server_info, read right after `after`."""
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return str(r.read().decode())
+
+
+def _gate_table(url: str) -> dict[str, Any]:
+    states = json.loads(get(f"{url}/server_info")).get("internal_states") or [{}]
+    table: dict[str, Any] = states[0].get("sglang_overlap_gate", {})
+    return table
+
+
+def _decisions_of_rank0(text: str) -> int:
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("sglang_overlap_gate_decisions_total{")
+               and 'tp_rank="0"' in line)
+
+
+def _settled_metrics(url: str, before: str) -> Metrics:
+    """SGLang writes its series (and the plugin its own) at each log of scheduler stats; the
+    last one after traffic comes when the scheduler goes idle."""
+    deadline = time.monotonic() + 60
+    while True:
+        gate, after = _gate_table(url), get(f"{url}/metrics")
+        if (_decisions_of_rank0(after) == sum(gate.get("chosen", {}).values())
+                or time.monotonic() > deadline):
+            return Metrics(before, after, gate)
+        time.sleep(2.0)
+
+
+@dataclass(frozen=True)
 class Run:
     ids: list[list[int]]
     """Greedy token ids of [LONG, *BATCH] (LONG alone, then BATCH as one request)."""
     log: str
     """The server's log, up to (not including) the ending case."""
     probes: Probes | None
+    metrics: Metrics | None = None
 
 
 def _probe(server: Server) -> tuple[Probes, str]:
@@ -87,6 +133,8 @@ class OverlapRuns:
         server = Server(name, self.model, PORT + list(CONFIGS).index(name), flags,
                         {**self.env, **env}, self.log_dir)
         with server:
+            before = get(f"{server.url}/metrics") if name in METRICS_SCRAPED else ""
             ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
+            metrics = _settled_metrics(server.url, before) if name in METRICS_SCRAPED else None
             found, log = _probe(server) if name in PROBED else (None, server.log_text())
-        return Run(ids, log, found)
+        return Run(ids, log, found, metrics)

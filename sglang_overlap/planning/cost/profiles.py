@@ -9,9 +9,10 @@ with the same keys; it may name a shipped profile as `"base"` and override only 
 Where the numbers come from (each file's "source" key says it again):
 - Peak rates (SMs, dense fp8/bf16 TFLOP/s, HBM, NVLink, NIC) are vendor datasheet values.
 - Efficiencies (the fraction of a peak a real kernel reaches) and fixed kernel times are fitted on
-  the H200 of the CUDA test machine (DeepGEMM fp8 masked grouped GEMMs at DeepSeek-V3 down-proj
-  shapes, `benchmarks/calibrate.py`'s fit) and reused for the other GPUs: those GPUs' times are the
-  H200-measured efficiencies scaled by their own datasheet rates, not measurements of their own.
+  one H200 SXM (sgl-deep-gemm 0.1.4.post1, torch 2.11.0+cu130, CUDA 13.0: DeepGEMM fp8 masked
+  grouped GEMMs at DeepSeek-V3 down-proj shapes, `benchmarks/calibrate.py`'s fit) and reused for
+  the other GPUs: those GPUs' times are the H200-measured efficiencies scaled by their own
+  datasheet rates, not measurements of their own.
 - Network efficiencies and latencies come from DeepEP's published low-latency numbers (H800, CX7
   400 Gb/s); `benchmarks/calibrate.py` measures them on a machine with more than one GPU.
 - Prefill calibration (optional keys, defaults below): `prefill_compute_scale` (1.5: achieved
