@@ -82,7 +82,7 @@ def measure_shape(e: int, cap: int, rows: int, includes: dict[str, Path]) -> dic
     from benchmarks.bench_dg_signal import interleaved
     from benchmarks.gpu_suite import down_operands
     from sglang_overlap.kernels import deepgemm_signal as ds
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=7)

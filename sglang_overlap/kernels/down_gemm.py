@@ -33,14 +33,14 @@ from sglang_overlap.kernels.combine_overlap import (
     check_layout_for_combine,
     combine_send_num_sms,
 )
-from sglang_overlap.kernels.deepgemm_signal import (
+from sglang_overlap.kernels.signal_deepgemm import (
     DgSignalConfig,
     DgSignalError,
     block_n_candidates,
     max_stages,
 )
-from sglang_overlap.kernels.deepgemm_signal import probe as probe_deepgemm_signal
-from sglang_overlap.kernels.signal_gemm import (
+from sglang_overlap.kernels.signal_deepgemm import probe as probe_deepgemm_signal
+from sglang_overlap.kernels.signal_fused import (
     SignalGemmConfig,
     default_config,
     grouped_gemm_fp8_signal,
@@ -257,13 +257,13 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
     plan = choose_signal_path(layout.num_local_experts, expected_m, layout.capacity)
     if plan.path != "deepgemm":
         return plan
-    from sglang_overlap.kernels import deepgemm_signal
+    from sglang_overlap.kernels import signal_deepgemm
 
     config = dg_config_for_layout(plan, layout, k)
     if config is None:
         return plan
     try:
-        deepgemm_signal.load(config, layout, num_groups=layout.num_local_experts,
+        signal_deepgemm.load(config, layout, num_groups=layout.num_local_experts,
                              n=layout.hidden, k=k, num_sms=layout.compute_num_sms,
                              device=device)
     except DgSignalError as exc:
@@ -276,12 +276,13 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                      expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
                      compute_num_sms: int | None = None) -> SignalPlan:
     """out[e, :masked_m[e]] = a[e] @ b[e]^T with fp8 block scales, raising `signal` (zeroed, from
-    `signal_gemm.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
+    `signals.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
     exactly once, empty experts included. a `[E, C, K]` fp8 + `[E, C, K/128]` fp32 scales,
     b `[E, N, K]` fp8 + `[E, N/128, K/128]` fp32, out `[E, C, N]` bf16. The GEMM keeps to
     `compute_num_sms` (default: the layout's), leaving the rest to the combine send.
     Returns the plan it ran."""
-    from sglang_overlap.kernels.deepgemm import num_sms_scope, sliced_masked_gemm_signal
+    from sglang_overlap.kernels.deepgemm import num_sms_scope
+    from sglang_overlap.kernels.signal_sliced import sliced_masked_gemm_signal
 
     if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
         raise ValueError("the SBO signal GEMM needs fp32 block scales (1x128 / 128x128); got "
@@ -289,12 +290,12 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     sms = compute_num_sms or layout.compute_num_sms
     plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
     if plan.path == "deepgemm":
-        from sglang_overlap.kernels import deepgemm_signal
+        from sglang_overlap.kernels import signal_deepgemm
 
         config = dg_config_for_layout(plan, layout, a.shape[2])
         try:
             if config is not None:
-                deepgemm_signal.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
+                signal_deepgemm.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
                                                    config=config, num_sms=sms, signal=signal,
                                                    layout=layout)
                 return SignalPlan("deepgemm", why=plan.why, dg_config=config)

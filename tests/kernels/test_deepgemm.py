@@ -13,13 +13,9 @@ import torch
 from benchmarks.kernels.combine_consumer import combine_reference
 from sglang_overlap.kernels import fp8
 from sglang_overlap.kernels.deepgemm import detect_api
-from sglang_overlap.kernels.signal_gemm import (
-    SignalGemmConfig,
-    default_config,
-    new_signal,
-    plan_expert_slices,
-    slice_signal_range,
-)
+from sglang_overlap.kernels.signal_fused import SignalGemmConfig, default_config
+from sglang_overlap.kernels.signal_sliced import plan_expert_slices, slice_signal_range
+from sglang_overlap.kernels.signals import new_signal
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 
