@@ -10,6 +10,8 @@ experts, `rows` valid rows each of C capacity rows), microseconds:
                 fastest per shape (`tiles`: stricter than DeepGEMM's heuristic)
     served / served, expert   what `down_gemm.dg_signal_config` serves (store-warp signals),
                 per (expert, 64-row block) / per expert, on all SMs
+    served tile  the served tile with signals off (what the tile alone costs)
+    best store  the baseline's best tile with store-warp signals per block
     served @N   the served per-block producer on the SMs SBO leaves it (N = all - 4, even)
     fused       the Triton producer, per expert, its served config
     sliced      DeepGEMM's own launch per E/4 slices, two streams (only where `_C.so` loads)
@@ -71,11 +73,15 @@ def name(cfg) -> str:
 
 def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
     """(config, sms, mode) of every patched-kernel launch of this shape."""
+    from dataclasses import replace
+
     from sglang_overlap.kernels.down_gemm import dg_signal_config
 
     served = dg_signal_config(e, rows, cap, K)
     return ([(cfg, SMS, "none") for cfg in tiles(cap)]
-            + [(served, SMS, "block"), (served, SMS, "expert"), (served, SERVED_SMS, "block")])
+            + [(replace(cfg, store_warp=True), SMS, "block") for cfg in tiles(cap)]
+            + [(served, SMS, "none"), (served, SMS, "block"), (served, SMS, "expert"),
+               (served, SERVED_SMS, "block")])
 
 
 def test_instantiations(num_sms: int = SMS) -> list[tuple]:
@@ -130,6 +136,8 @@ def dg_loads() -> str | None:
 
 
 def measure(e: int, cap: int, rows: int, dg_error: str | None) -> dict:
+    from dataclasses import replace
+
     import torch
 
     from benchmarks.bench_dg_signal import interleaved
@@ -170,6 +178,8 @@ def measure(e: int, cap: int, rows: int, dg_error: str | None) -> dict:
     served = dg_signal_config(e, rows, cap, K)
     res["served_config"] = name(served)
     variants = {"tiles": patched(best, None, SMS), "served": patched(served, "block", SMS),
+                "served_tile": patched(served, None, SMS),
+                "best_store": patched(replace(best, store_warp=True), "block", SMS),
                 "served_expert": patched(served, "expert", SMS),
                 "served_at": patched(served, "block", SERVED_SMS)}
     flay = lay(64, 128, "expert", SMS)
@@ -215,6 +225,7 @@ def measure(e: int, cap: int, rows: int, dg_error: str | None) -> dict:
 
 
 COLS = [("served", "served"), ("served_expert", "served, expert"),
+        ("served_tile", "served tile"), ("best_store", "best store"),
         ("served_at", f"served @{SERVED_SMS}"), ("fused", "fused"), ("sliced", "sliced")]
 
 
@@ -245,14 +256,16 @@ def table(results: list[dict], copy: float, header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=None, help="ExCxROWS,... instead of the default grid")
+    ap.add_argument("--shapes", default=None,
+                    help="ExCxROWS,... instead of the default grid (none: no shapes)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--with-tests", action="store_true",
                     help="also compile what tests/gpu/test_signal_down_gemm.py launches")
     args = ap.parse_args(argv)
-    todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
+    todo = [] if args.shapes == "none" else [
+        tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
         if args.shapes else default_shapes()
     jobs = [(cfg, e, sms, mode, N, K) for e, c, r in todo for cfg, sms, mode in
             instantiations(e, c, r)]

@@ -75,27 +75,36 @@ if [ "$MODE" = releases ]; then
   # releases side by side), then the served producer against each release's own masked GEMM
   # (benchmarks/bench_dg_releases.py, one release at a time: BENCH_RELEASES)
   rc=0; pids=()
-  for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do
+  for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do  # nvcc every launch, in parallel
     install_dg "$v" "/tmp/dg-$v" || { echo "install sgl-deep-gemm $v failed"; rc=1; continue; }
-    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
-      python3 -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__, 'imports')" \
-        > "$OUT/import_$v.txt" 2>&1
-      echo "import deep_gemm $v: $(tail -1 "$OUT/import_$v.txt")"
-      SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 python3 -m pytest -q -p no:cacheprovider \
-        -n ${PYTEST_WORKERS:-2} tests/gpu/test_signal_down_gemm.py \
-        > "$OUT/pytest_release_$v.txt" 2>&1
-      r=$?; echo "pytest (signal_down_gemm, deep_gemm $v): $(tail -1 "$OUT/pytest_release_$v.txt")"
-      grep -E "^(FAILED|ERROR)" "$OUT/pytest_release_$v.txt" | head -20; exit $r ) &
+    shapes=none; case " ${BENCH_RELEASES:-0.2.3.post2} " in *" $v "*) shapes=${REL_SHAPES:-};; esac
+    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+      --with-tests --workers 6 ${shapes:+--shapes $shapes} > "$OUT/compile_$v.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "[$(date +%T)] compiled: $(cat "$OUT"/compile_*.log | tr '\n' ' ' | tail -c 600)"
   for v in ${BENCH_RELEASES:-0.2.3.post2}; do
     PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py \
       --json "$OUT/releases_$v.json" ${REL_SHAPES:+--shapes $REL_SHAPES} \
       > "$OUT/releases_$v.log" 2>&1 || rc=1
     sed -n '/^deep_gemm /,$p' "$OUT/releases_$v.log" | grep -v '^{' | tee "$OUT/releases_$v.md"
   done
-  echo "run_gpu.sh releases exit $rc"
+  echo "[$(date +%T)] benchmark done"; pids=()
+  for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+      python3 -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__, 'imports')" \
+        > "$OUT/import_$v.txt" 2>&1
+      echo "import deep_gemm $v: $(tail -1 "$OUT/import_$v.txt")"
+      SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 python3 -m pytest -q -p no:cacheprovider \
+        -n ${PYTEST_WORKERS:-1} tests/gpu/test_signal_down_gemm.py \
+        > "$OUT/pytest_release_$v.txt" 2>&1
+      r=$?; echo "pytest (signal_down_gemm, deep_gemm $v): $(tail -1 "$OUT/pytest_release_$v.txt")"
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest_release_$v.txt" | head -20; exit $r ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "[$(date +%T)] run_gpu.sh releases exit $rc"
   exit $rc
 fi
 tree_list=()
