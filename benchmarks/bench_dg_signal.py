@@ -5,7 +5,7 @@ experts holding `rows` of C capacity rows each, in microseconds, all in one proc
 run:
 
     dg          one plain DeepGEMM masked launch (sgl-deep-gemm 0.1.4.post1, its own config)
-    pat plain   the patched kernel (kernels/deepgemm_signal.py), signals off, DeepGEMM's config
+    pat plain   the patched kernel (kernels/signal_deepgemm/), signals off, DeepGEMM's config
                 as `default_config` reproduces it: the launcher itself costs nothing
     pat block / pat expert   per-(expert, 64-row block) / per-expert signals, deferred
     pat eager   per-block signals raised right after each tile's stores
@@ -110,16 +110,17 @@ def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
 
 
 def compile_all(shapes: list[tuple[int, int, int]], workers: int) -> None:
-    from sglang_overlap.kernels import deepgemm_signal as ds
+    from sglang_overlap.kernels.signal_deepgemm import build, headers
 
-    include = ds.prepared_include(ds.locate())
+    source = headers.locate()
+    include = headers.prepared_include(source)
     texts = set()
     for e, cap, rows in shapes:
         for cfg, sms, mode in instantiations(e, cap, rows):
-            texts.add(ds.kernel_source(cfg, num_groups=e, n=N, k=K, num_sms=sms, mode=mode,
-                                       unit_m=64))
+            texts.add(build.kernel_source(cfg, release=source.spec, num_groups=e, n=N, k=K,
+                                          num_sms=sms, mode=mode, unit_m=64))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda t: ds.compile_cubin(t, include), sorted(texts)))
+        list(pool.map(lambda t: build.compile_cubin(t, include), sorted(texts)))
     print(f"compiled {len(texts)} patched-kernel instantiations", flush=True)
 
 

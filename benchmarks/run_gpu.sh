@@ -6,7 +6,7 @@
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
 #     padded  the down GEMM in a padded buffer (capacity > rows, as served): DeepGEMM vs the
 #           fused kernel in both tile orders (benchmarks/bench_padded_gemm.py), the fused tests
-#     dgsignal  DeepGEMM's own kernel with the plugin's signal patch (kernels/deepgemm_signal.py):
+#     dgsignal  DeepGEMM's own kernel with the plugin's signal patch (kernels/signal_deepgemm/):
 #           its GPU tests, then every producer against one plain DeepGEMM launch
 #           (benchmarks/bench_dg_signal.py; DG_PRINT_CONFIGS shows DeepGEMM's own configs)
 #     releases  every signal producer on each sgl-deep-gemm release (wheels in .whl), through

@@ -1,6 +1,7 @@
-"""GPU: DeepGEMM's own SM90 masked GEMM with the plugin's signal patch (kernels/deepgemm_signal.py).
+"""GPU: DeepGEMM's own SM90 masked GEMM with the plugin's signal patch (kernels/signal_deepgemm/).
 
-Needs a Hopper GPU, nvcc and sgl-deep-gemm 0.1.4.post1 (the release the patch is made for);
+Needs a Hopper GPU, nvcc and a covered sgl-deep-gemm release whose own launch loads (the reference
+is DeepGEMM's launch: 0.1.4.post1 on torch 2.11);
 skipped otherwise, failed instead with SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 (benchmarks/run_gpu.sh).
 Every output is NaN-poisoned first; the reference is unmodified DeepGEMM on the same operands and
 the fp64 product of the dequantised operands.
