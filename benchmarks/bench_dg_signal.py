@@ -5,7 +5,7 @@ experts holding `rows` of C capacity rows each, in microseconds, all in one proc
 run:
 
     dg          one plain DeepGEMM masked launch (sgl-deep-gemm 0.1.4.post1, its own config)
-    pat plain   the patched kernel (kernels/deepgemm_signal.py), signals off, DeepGEMM's config
+    pat plain   the patched kernel (kernels/signal_deepgemm/), signals off, DeepGEMM's config
                 as `default_config` reproduces it: the launcher itself costs nothing
     pat block / pat expert   per-(expert, 64-row block) / per-expert signals, deferred
     pat eager   per-block signals raised right after each tile's stores
@@ -63,7 +63,7 @@ def default_shapes() -> list[tuple[int, int, int]]:
 def sweep(e: int, cap: int, rows: int) -> list:
     """Tile shapes with the most stages that fit, without and with TMA multicast (on A or B,
     where the n tiles pair up)."""
-    from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
+    from sglang_overlap.kernels.signal_deepgemm import DgSignalConfig, max_stages
 
     configs = []
     for bm in (64, 128):
@@ -95,7 +95,7 @@ def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
     """Every (config, sms, mode) this shape runs, for the parallel compile."""
     from dataclasses import replace
 
-    from sglang_overlap.kernels.deepgemm_signal import default_config
+    from sglang_overlap.kernels.signal_deepgemm import default_config
 
     base = default_config(e, rows, cap, N, K, SMS)
     jobs = [(base, SMS, "none"), (base, SMS, "block"), (base, SMS, "expert"),
@@ -110,16 +110,17 @@ def instantiations(e: int, cap: int, rows: int) -> list[tuple]:
 
 
 def compile_all(shapes: list[tuple[int, int, int]], workers: int) -> None:
-    from sglang_overlap.kernels import deepgemm_signal as ds
+    from sglang_overlap.kernels.signal_deepgemm import build, headers
 
-    include = ds.prepared_include(ds.locate())
+    source = headers.locate()
+    include = headers.prepared_include(source)
     texts = set()
     for e, cap, rows in shapes:
         for cfg, sms, mode in instantiations(e, cap, rows):
-            texts.add(ds.kernel_source(cfg, num_groups=e, n=N, k=K, num_sms=sms, mode=mode,
-                                       unit_m=64))
+            texts.add(build.kernel_source(cfg, release=source.spec, num_groups=e, n=N, k=K,
+                                          num_sms=sms, mode=mode, unit_m=64))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda t: ds.compile_cubin(t, include), sorted(texts)))
+        list(pool.map(lambda t: build.compile_cubin(t, include), sorted(texts)))
     print(f"compiled {len(texts)} patched-kernel instantiations", flush=True)
 
 
@@ -186,10 +187,11 @@ def measure(e: int, cap: int, rows: int) -> dict:
     import torch
 
     from benchmarks.gpu_suite import down_operands, graph_time_us
-    from sglang_overlap.kernels import deepgemm
-    from sglang_overlap.kernels import deepgemm_signal as ds
-    from sglang_overlap.kernels.signal_gemm import default_config as tri_config
-    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal, new_signal
+    from sglang_overlap.kernels import deepgemm, signal_sliced
+    from sglang_overlap.kernels import signal_deepgemm as ds
+    from sglang_overlap.kernels.signal_fused import default_config as tri_config
+    from sglang_overlap.kernels.signal_fused import grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=e * 1000 + cap + rows)
@@ -275,7 +277,7 @@ def measure(e: int, cap: int, rows: int) -> dict:
            "fused": lambda: grouped_gemm_fp8_signal(
                a, a_s, b, b_s, masked, out, config=tcfg, signal=tsig, layout=tlay,
                num_programs=tcfg.programs(SMS)),
-           "sliced": lambda: deepgemm.sliced_masked_gemm_signal(
+           "sliced": lambda: signal_sliced.sliced_masked_gemm_signal(
                a, a_s, b, b_s, out, masked, rows, signal=tsig, layout=tlay,
                slice_experts=max(1, e // 4), streams=2)}
     times = interleaved(fns)

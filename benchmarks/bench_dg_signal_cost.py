@@ -57,15 +57,15 @@ SHAPES = ((8, 64, 64), (32, 64, 16), (16, 128, 128))
 
 def variant_include(name: str) -> Path:
     """A copy of the served (patched) include folder with `name`'s edits."""
-    from sglang_overlap.kernels import deepgemm_signal as ds
+    from sglang_overlap.kernels.signal_deepgemm import headers
 
-    base = ds.prepared_include(ds.locate())
+    base = headers.prepared_include(headers.locate())
     if name == "full":
         return base
     target = base.parent.parent / f"{base.parent.name}-{name}" / "include"
     if not target.exists():
         shutil.copytree(base, target)
-        header = target / ds.KERNEL_HEADER
+        header = target / headers.KERNEL_HEADER
         text = header.read_text()
         for old, new in EDITS[name]:
             if not text.count(old):
@@ -81,13 +81,15 @@ def measure_shape(e: int, cap: int, rows: int, includes: dict[str, Path]) -> dic
 
     from benchmarks.bench_dg_signal import interleaved
     from benchmarks.gpu_suite import down_operands
-    from sglang_overlap.kernels import deepgemm_signal as ds
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signal_deepgemm import headers
+    from sglang_overlap.kernels.signal_deepgemm import launch as ds
+    from sglang_overlap.kernels.signal_deepgemm.configs import default_config
+    from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=7)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
-    cfg = ds.default_config(e, rows, cap, N, K, SMS)
+    cfg = default_config(e, rows, cap, N, K, SMS)
     lay = plan_sbo_layout(num_local_experts=e, capacity=cap, block_m=64, block_n=cfg.block_n,
                           hidden=N, num_sms=SMS, comm_num_sms=1, granularity="block")
 
@@ -104,7 +106,7 @@ def measure_shape(e: int, cap: int, rows: int, includes: dict[str, Path]) -> dic
 
     fns = {}
     for name, inc in [("plain", includes["full"]), *includes.items()]:
-        ds._INCLUDE = inc  # noqa: SLF001 - the diagnostic swaps the header variant
+        ds._SOURCE[:] = [(headers.locate(), inc)]  # noqa: SLF001 - swaps the header variant
         ds._FUNCS.clear()  # noqa: SLF001
         sig = new_signal(lay, "cuda") if name != "plain" else None
         ds.masked_gemm_signal(a, a_s, b, b_s, out, masked, config=cfg, num_sms=SMS,
@@ -120,7 +122,8 @@ def measure_shape(e: int, cap: int, rows: int, includes: dict[str, Path]) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_overlap.kernels import deepgemm_signal as ds
+    from sglang_overlap.kernels.signal_deepgemm import build, headers
+    from sglang_overlap.kernels.signal_deepgemm.configs import default_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=None)
@@ -130,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.shapes else list(SHAPES)
     includes = {name: variant_include(name) for name in EDITS}
     jobs = []
+    release = headers.locate().spec
     for e, cap, rows in shapes:
-        cfg = ds.default_config(e, rows, cap, N, K, SMS)
+        cfg = default_config(e, rows, cap, N, K, SMS)
         for name, inc in includes.items():
             for mode in ("none", "block") if name == "full" else ("block",):
-                jobs.append((ds.kernel_source(cfg, num_groups=e, n=N, k=K, num_sms=SMS,
-                                              mode=mode, unit_m=64), inc))
+                jobs.append((build.kernel_source(cfg, release=release, num_groups=e, n=N, k=K,
+                                                 num_sms=SMS, mode=mode, unit_m=64), inc))
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: ds.compile_cubin(*j), jobs))
+        list(pool.map(lambda j: build.compile_cubin(*j), jobs))
     results = []
     for e, cap, rows in shapes:
         row = measure_shape(e, cap, rows, includes)

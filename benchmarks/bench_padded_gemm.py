@@ -60,12 +60,9 @@ def measure(e: int, cap: int, rows: int) -> dict:
 
     from benchmarks.gpu_suite import down_operands, graph_time_us
     from sglang_overlap.kernels import deepgemm
-    from sglang_overlap.kernels.signal_gemm import (
-        default_config,
-        grouped_gemm_fp8_signal,
-        new_signal,
-        num_sms,
-    )
+    from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
+    from sglang_overlap.kernels.signal_fused import default_config, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     sms = num_sms()

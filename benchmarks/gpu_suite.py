@@ -120,13 +120,10 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
     import torch
 
     from benchmarks.kernels.combine_consumer import combine_consume, combine_reference
-    from sglang_overlap.kernels import deepgemm, fp8
-    from sglang_overlap.kernels.signal_gemm import (
-        SignalGemmConfig,
-        grouped_gemm_fp8_signal,
-        new_signal,
-        num_sms,
-    )
+    from sglang_overlap.kernels import deepgemm, fp8, signal_sliced
+    from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
+    from sglang_overlap.kernels.signal_fused import SignalGemmConfig, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     sms = num_sms()
@@ -193,7 +190,8 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
     for name, size, streams in (("dg_sliced1_us", 1, 1), ("dg_slicedq_us", max(1, e // 4), 1),
                                 ("dg_slicedh_us", max(1, e // 2), 1),
                                 ("dg_slicedq2_us", max(1, e // 4), 2)):
-        res[name] = graph_time_us(lambda s=size, st=streams: deepgemm.sliced_masked_gemm_signal(
+        sliced = signal_sliced.sliced_masked_gemm_signal
+        res[name] = graph_time_us(lambda s=size, st=streams, f=sliced: f(
             a, a_s, b, b_s, out, masked, m, signal=sig_x, layout=lay_x, slice_experts=s,
             streams=st))
     # overlap needs units that finish in order: the best persistent grid
@@ -219,7 +217,7 @@ def _overlap(e, m, comm_sms, cfg, a, a_s, b, b_s, masked, out, layout, combine_c
     """GEMM + consumer: one after the other on one stream vs. consumer on a side stream."""
     import torch
 
-    from sglang_overlap.kernels import deepgemm
+    from sglang_overlap.kernels import deepgemm, signal_sliced
 
     lay = layout(cfg, "expert", comm_sms)
     lay_b = layout(cfg, "block", comm_sms)
@@ -249,12 +247,12 @@ def _overlap(e, m, comm_sms, cfg, a, a_s, b, b_s, masked, out, layout, combine_c
 
     def sliced() -> None:
         with deepgemm.num_sms_scope(lay.compute_num_sms):
-            deepgemm.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
+            signal_sliced.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
                                                layout=lay, slice_experts=max(1, e // 4))
 
     def sliced2() -> None:
         with deepgemm.num_sms_scope(lay.compute_num_sms):
-            deepgemm.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
+            signal_sliced.sliced_masked_gemm_signal(a, a_s, b, b_s, out, masked, m, signal=sig,
                                                layout=lay, slice_experts=max(1, e // 4),
                                                streams=2)
 

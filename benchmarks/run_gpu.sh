@@ -6,10 +6,14 @@
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
 #     padded  the down GEMM in a padded buffer (capacity > rows, as served): DeepGEMM vs the
 #           fused kernel in both tile orders (benchmarks/bench_padded_gemm.py), the fused tests
-#     dgsignal  DeepGEMM's own kernel with the plugin's signal patch (kernels/deepgemm_signal.py):
+#     dgsignal  DeepGEMM's own kernel with the plugin's signal patch (kernels/signal_deepgemm/):
 #           its GPU tests, then every producer against one plain DeepGEMM launch
 #           (benchmarks/bench_dg_signal.py; DG_PRINT_CONFIGS shows DeepGEMM's own configs)
-#     all   all four
+#     releases  every signal producer on each sgl-deep-gemm release (wheels in .whl), through
+#           down_gemm.signal_down_gemm (tests/gpu/test_signal_down_gemm.py), then the served
+#           producer against each BENCH_RELEASES release's own masked GEMM
+#           (benchmarks/bench_dg_releases.py)
+#     all   all four (not releases)
 # Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
 # layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
 #
@@ -40,9 +44,13 @@ OUT=${OUT:-$ROOT/.gpu-out}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/.whl}; TREES=${DEEPEP_TREES:-$ROOT/.deepep}; CACHE=${GPU_CACHE:-$ROOT/.gpu-cache}
 NPROC=${NPROC:-1}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
+DG_VERSION=${DG_VERSION:-0.1.4.post1}  # the sgl-deep-gemm wheel installed for the other modes
+install_dg() {  # install_dg VERSION TARGET: that sgl-deep-gemm wheel (+ apache-tvm-ffi) into TARGET
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$WHEELS"/*.whl || exit 1
+    --target "$2" "$WHEELS"/sgl_deep_gemm-"$1"-*.whl $(ls "$WHEELS"/apache_tvm_ffi-*.whl 2>/dev/null)
+}
+if compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null && [ "$MODE" != releases ]; then
+  install_dg "$DG_VERSION" /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$ROOT:${PYTHONPATH:-}
@@ -62,6 +70,43 @@ build_tree() {  # the DeepEP v1 recipe for this image (CUDA 13, nvidia-nvshmem-c
     unset NVSHMEM_DIR && python3 setup.py build_ext --inplace > build.log 2>&1 )
   echo "built $1: rc=$? ($(ls "$1"/deep_ep_cpp*.so 2>/dev/null || tail -3 "$1/build.log"))"
 }
+if [ "$MODE" = releases ]; then
+  # every producer on every sgl-deep-gemm release (tests/gpu/test_signal_down_gemm.py, the
+  # releases side by side), then the served producer against each release's own masked GEMM
+  # (benchmarks/bench_dg_releases.py, one release at a time: BENCH_RELEASES)
+  rc=0; pids=()
+  for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do  # nvcc every launch, in parallel
+    install_dg "$v" "/tmp/dg-$v" || { echo "install sgl-deep-gemm $v failed"; rc=1; continue; }
+    shapes=none; case " ${BENCH_RELEASES:-0.2.3.post2} " in *" $v "*) shapes=${REL_SHAPES:-};; esac
+    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+      --with-tests --workers 6 ${shapes:+--shapes $shapes} > "$OUT/compile_$v.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "[$(date +%T)] compiled: $(cat "$OUT"/compile_*.log | tr '\n' ' ' | tail -c 600)"
+  for v in ${BENCH_RELEASES:-0.2.3.post2}; do
+    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py \
+      --json "$OUT/releases_$v.json" ${REL_SHAPES:+--shapes $REL_SHAPES} \
+      > "$OUT/releases_$v.log" 2>&1 || rc=1
+    sed -n '/^deep_gemm /,$p' "$OUT/releases_$v.log" | grep -v '^{' | tee "$OUT/releases_$v.md"
+  done
+  echo "[$(date +%T)] benchmark done"; pids=()
+  for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+      python3 -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__, 'imports')" \
+        > "$OUT/import_$v.txt" 2>&1
+      echo "import deep_gemm $v: $(tail -1 "$OUT/import_$v.txt")"
+      SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 python3 -m pytest -q -p no:cacheprovider \
+        -n ${PYTEST_WORKERS:-1} tests/gpu/test_signal_down_gemm.py \
+        > "$OUT/pytest_release_$v.txt" 2>&1
+      r=$?; echo "pytest (signal_down_gemm, deep_gemm $v): $(tail -1 "$OUT/pytest_release_$v.txt")"
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest_release_$v.txt" | head -20; exit $r ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "[$(date +%T)] run_gpu.sh releases exit $rc"
+  exit $rc
+fi
 tree_list=()
 for tree in "$TREES"/*/; do
   tree=${tree%/}; [ -d "$tree/deep_ep" ] || continue

@@ -77,9 +77,10 @@ def warm_experts(jobs: list[tuple[int, int]]) -> None:
     import torch
 
     from sglang_overlap.kernels import deepgemm, fp8
+    from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
     from sglang_overlap.kernels.down_gemm import combine_signal_layout, signal_down_gemm
     from sglang_overlap.kernels.sbo_layer import MoeShape, MoeWeights
-    from sglang_overlap.kernels.signal_gemm import new_signal, num_sms
+    from sglang_overlap.kernels.signals import new_signal
 
     for e, t in jobs:
         shape = MoeShape(num_experts=e, num_max_dispatch_tokens_per_rank=N_MAX)

@@ -123,7 +123,7 @@ def bench_shape(ctx: dict, e: int, t: int) -> dict:
     res["down_us"], _ = timed(lambda: layer.down(act, d, out=out))
     if layer.form is not None:
         lay = layer.layout(t)
-        from sglang_overlap.kernels.signal_gemm import new_signal
+        from sglang_overlap.kernels.signals import new_signal
 
         res["signal_down_us"], _ = timed(lambda: layer.down(
             act, d, signal=new_signal(lay, "cuda"), layout=lay, out=out))

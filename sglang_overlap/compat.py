@@ -6,8 +6,8 @@ and deep_ep (version and the combine forms its `low_latency_combine` declares), 
 triton are there, and the GPU generation. Each `Row` lists its requirements; a stack matches a row
 when it meets all of them, and for a row it misses, each unmet requirement says what to install.
 
-Plain Python (the patched-DeepGEMM versions are read from `kernels/deepgemm_signal.py`, which
-imports nothing heavy); no torch, no sglang.
+Plain Python (the patched-DeepGEMM versions are read from `kernels/signal_deepgemm/versions.py`,
+which imports nothing heavy); no torch, no sglang.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ SGLANG_DEEP_GEMM = "0.2.3.post2"  # the sgl-deep-gemm sglang 0.5.23 pins
 
 def patched_deep_gemm_versions() -> tuple[str, ...]:
     """The sgl-deep-gemm releases the plugin's DeepGEMM signal patch covers (SM90, with nvcc)."""
-    from sglang_overlap.kernels.deepgemm_signal import PATCHES
+    from sglang_overlap.kernels.signal_deepgemm.versions import RELEASES
 
-    return tuple(sorted(PATCHES, key=_version_key))
+    return tuple(sorted(RELEASES, key=_version_key))
 
 
 def recommended_deep_gemm() -> str:

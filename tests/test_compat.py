@@ -17,9 +17,9 @@ HOPPER = Stack(arch="sm90", sglang="0.5.23", deep_ep="0.1.2.post1",
 
 
 def test_patched_versions_come_from_the_patch_table() -> None:
-    from sglang_overlap.kernels.deepgemm_signal import PATCHES
+    from sglang_overlap.kernels.signal_deepgemm.versions import RELEASES
 
-    assert set(PATCHED) == set(PATCHES) and "0.1.4.post1" in PATCHED
+    assert set(PATCHED) == set(RELEASES) and "0.1.4.post1" in PATCHED
 
 
 def test_version_order() -> None:

@@ -108,10 +108,13 @@ def _kernels_section(report: ProbeReport, errors: dict[str, str | None]) -> dict
     out["deep_gemm"]["masked_gemm_with_signals"] = caps.deep_gemm_signal
     out["triton"] = report.triton
     out["plugin_signal_gemm"] = caps.plugin_signal_gemm
-    from sglang_overlap.kernels.deepgemm_signal import probe as probe_patched_deepgemm
+    from sglang_overlap.kernels.signal_deepgemm import probe as probe_patched_deepgemm
+    from sglang_overlap.kernels.signal_deepgemm import served_producer
 
     why_not = probe_patched_deepgemm()  # reads files only; no GPU needed to answer
-    out["plugin_patched_deepgemm"] = {"available": why_not is None, "reason": why_not}
+    version, _, why = served_producer()
+    out["plugin_patched_deepgemm"] = {"available": why_not is None, "deep_gemm": version,
+                                      "reason": why_not or why}
     return out
 
 
@@ -176,7 +179,8 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
 def _compat(report: ProbeReport, out: dict[str, Any]) -> dict[str, Any]:
     """The compatibility table's answer for the installed versions (`sglang_overlap.compat`)."""
     from sglang_overlap.compat import Stack, evaluate
-    from sglang_overlap.kernels.deepgemm_signal import DgSignalError, nvcc_path
+    from sglang_overlap.kernels.signal_deepgemm.build import nvcc_path
+    from sglang_overlap.kernels.signal_deepgemm.versions import DgSignalError
 
     try:
         nvcc = nvcc_path() is not None
@@ -250,8 +254,8 @@ def _print(out: dict[str, Any]) -> None:
         f"  DeepGEMM masked GEMM with signals: {'yes' if k['deep_gemm']['masked_gemm_with_signals'] else 'no'}",  # noqa: E501
         f"  plugin signal GEMM (triton): {'yes' if k['plugin_signal_gemm'] else 'no'}",
         "  plugin signal GEMM (DeepGEMM's kernel, patched): "
-        + ("yes" if k["plugin_patched_deepgemm"]["available"]
-           else f"no ({k['plugin_patched_deepgemm']['reason']})"),
+        + ("yes" if k["plugin_patched_deepgemm"]["available"] else "no")
+        + f" ({k['plugin_patched_deepgemm']['reason']})",
     ]
     lines += [f"flags: ERROR {err}" for err in out["flags"]["errors"]]
     lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]

@@ -302,6 +302,17 @@ def detect_gpu(assume_arch: str | None = None) -> GpuInfo:
     return GpuInfo(arch, "detected", props.name, (major, minor), props.multi_processor_count)
 
 
+def device_num_sms(device: object = None) -> int:
+    """Multiprocessor count of a CUDA `device` (default: the current one). Without a CUDA device
+    this raises: the SGLang glue's nominal count for CPU servers is `sglang.state.num_sms`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_num_sms needs a CUDA device (none is visible)")
+    index = torch.cuda.current_device() if device is None else device
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class ProbeReport:
     gpu: GpuInfo
@@ -324,7 +335,7 @@ def probe(search_path: Sequence[str] | None = None,
           assume_arch: str | None = None) -> ProbeReport:
     """Everything the SBO decision needs; `search_path` replaces sys.path for the kernels."""
     module, fn = DEEP_EP_COMBINE
-    own = Path(__file__).with_name("signal_gemm.py").is_file()
+    own = Path(__file__).with_name("signal_fused.py").is_file()
     return ProbeReport(
         gpu=detect_gpu(assume_arch),
         deep_ep=probe_package(module, (fn,), search_path),
@@ -342,6 +353,7 @@ __all__ = [
     "ProbeReport",
     "combine_forms",
     "detect_gpu",
+    "device_num_sms",
     "gemm_takes_signal",
     "probe",
     "read_params",

@@ -1,4 +1,4 @@
-"""DeepGEMM backend: fp8 grouped expert GEMMs for both DeepEP layouts, and the sliced signal path.
+"""DeepGEMM backend: fp8 grouped expert GEMMs for both DeepEP layouts (plain launches).
 
 The only module that imports `deep_gemm`, lazily (the kernels import on CPU without it). The API is
 detected by signature, not version string:
@@ -8,8 +8,8 @@ detected by signature, not version string:
   already MN-major TMA-aligned (what `fp8.silu_and_mul_quant` writes).
 - "legacy" (DeepGEMM 1.x): `m_grouped_gemm_fp8_fp8_bf16_nt_masked` / `..._nt_contiguous`, whose
   activation scales must be MN-major TMA-aligned.
-No released wheel accepts `enable_overlap`/`signal` on Hopper, so the signal form comes from
-`signal_gemm` (fused Triton kernel) or from `sliced_masked_gemm_signal` here.
+No released wheel accepts `enable_overlap`/`signal` on Hopper; the signal producers are
+`signal_deepgemm/`, `signal_fused.py` and `signal_sliced.py` (one per `SignalPlan.path`).
 
 Legend: E local experts, M capacity rows per expert, T rows of the contiguous layout, H hidden,
 I intermediate, K reduction dim, N output dim.
@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from sglang_overlap.kernels import fp8
-from sglang_overlap.kernels.signal_gemm import plan_expert_slices, write_slice_signal
 
 if TYPE_CHECKING:
-    from sglang_overlap.planning.sbo_layout import SboLayout
+    pass
 
 INSTALL_HINT = ("install sgl-deep-gemm (0.1.4.post1 for torch 2.11, or 0.2.3.post2 as sglang "
                 "0.5.23 pins) on a Hopper GPU")
@@ -150,42 +149,6 @@ def contiguous_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         return
     scale = a_scale if dg.flavour == "grouped" else _legacy_scale(a_scale)
     dg.contiguous((a, scale), (b, b_scale), out, m_indices)
-
-
-def sliced_masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
-                              b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
-                              expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
-                              slice_experts: int, streams: int = 1) -> None:
-    """The signal form on unmodified DeepGEMM: one masked launch per slice of experts, each
-    followed on the same stream by a release store of the slice's final counter values.
-
-    streams=2 alternates slices between the current stream and a side stream (joined before
-    returning), so a slice's CTAs fill the SMs that the previous slice's tail leaves idle.
-    """
-    if streams not in (1, 2):
-        raise ValueError(f"streams must be 1 or 2 (got {streams})")
-    main = torch.cuda.current_stream() if streams == 2 else None
-    side = _side_stream(a.device) if main is not None else None
-    if side is not None:
-        side.wait_stream(main)
-    for i, (start, end) in enumerate(plan_expert_slices(a.shape[0], slice_experts)):
-        on_side = side is not None and i % 2 == 1
-        with torch.cuda.stream(side) if on_side else contextlib.nullcontext():
-            masked_gemm(a[start:end], a_scale[start:end], b[start:end], b_scale[start:end],
-                        out[start:end], masked_m[start:end], expected_m)
-            write_slice_signal(signal, layout, start, end)
-    if side is not None and main is not None:
-        main.wait_stream(side)
-
-
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
 
 
 @dataclass(frozen=True)

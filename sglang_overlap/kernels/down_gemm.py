@@ -1,22 +1,23 @@
 """THE SBO down GEMM: the one entry that both the SGLang glue and the DeepGEMM expert runner call.
 
-A signal-emitting down GEMM must tell the combine send which output units are final while it
-still runs. Three producers exist:
+A signal-emitting down GEMM tells the combine send which output units are final while it still
+runs. Three producers, one module each, named by `SignalPlan.path`:
 
-- deepgemm: DeepGEMM's own SM90 masked kernel with the plugin's signal patch, built from the
-  installed deep_gemm's headers (`deepgemm_signal.py`; sgl-deep-gemm 0.1.4.post1 only);
-- fused: the plugin's Triton fp8 masked GEMM, one release atomic per finished tile
-  (`signal_gemm.py`);
-- sliced: unmodified DeepGEMM launched per slice of experts, each slice followed by a store of
-  its units' final values (`deepgemm.sliced_masked_gemm_signal`).
+- deepgemm (`signal_deepgemm/`): DeepGEMM's own SM90 masked kernel with the plugin's signal
+  patch, built from the installed deep_gemm's headers (the releases of
+  `signal_deepgemm.RELEASES`);
+- fused (`signal_fused.py`): the plugin's Triton fp8 masked GEMM, one release atomic per tile;
+- sliced (`signal_sliced.py`): unmodified DeepGEMM per slice of experts, each slice followed by
+  a store of its units' final values.
 
-`choose_signal_path` picks one per shape from the H200 measurements
-(`benchmarks/results/h200_dg_signal.md`, `h200_signal_gemm.md`); the layout functions here are
-the single place the signal buffer of a served down GEMM is laid out, with the chosen producer's
-tiles; `signal_down_gemm` runs the chosen producer.
+`choose_signal_path` picks one per shape; the layout functions here are the single place the
+signal buffer of a served down GEMM is laid out, with the chosen producer's tiles;
+`signal_down_gemm` runs it. Measurements behind the choices: benchmarks/results/h200_dg_signal.md,
+h200_signal_gemm.md, h200_padded_gemm.md, h200_sbo_layer.md.
 
 Legend: E local experts, C capacity rows per expert, K = moe intermediate, N = hidden.
 """
+
 
 from __future__ import annotations
 
@@ -33,14 +34,14 @@ from sglang_overlap.kernels.combine_overlap import (
     check_layout_for_combine,
     combine_send_num_sms,
 )
-from sglang_overlap.kernels.deepgemm_signal import (
+from sglang_overlap.kernels.signal_deepgemm import (
     DgSignalConfig,
     DgSignalError,
     block_n_candidates,
     max_stages,
 )
-from sglang_overlap.kernels.deepgemm_signal import probe as probe_deepgemm_signal
-from sglang_overlap.kernels.signal_gemm import (
+from sglang_overlap.kernels.signal_deepgemm import probe as probe_deepgemm_signal
+from sglang_overlap.kernels.signal_fused import (
     SignalGemmConfig,
     default_config,
     grouped_gemm_fp8_signal,
@@ -50,14 +51,14 @@ from sglang_overlap.planning.sbo_path import CombineForm
 
 log = logging.getLogger(__name__)
 
-# sgl-deep-gemm 0.1.4.post1's masked GEMM writes wrong rows at per-expert capacity 16 / 32
-# (seen on the H200): DeepGEMM slices run only where the capacity is a multiple of this.
+# DeepGEMM's masked GEMM wrote wrong rows at per-expert capacity 16 / 32 (sgl-deep-gemm
+# 0.1.4.post1, benchmarks/results/h200_signal_gemm.md): DeepGEMM runs only where the capacity is
+# a multiple of this.
 DEEPGEMM_CAPACITY_ALIGN = 64
 
 # The patched DeepGEMM producer's tile (block_m, block_n) per local-expert bucket and rows per
-# expert: the fastest of the H200 sweep with per-block signals (2026-12-04, 21 shapes; the same
-# tiles won the 2026-12-05 sweep but at E 32, 256 rows, where its quick pass picked 128x128, which
-# then measured 1.12x against this tile's 1.02x; benchmarks/results/h200_dg_signal.md).
+# expert: the fastest of the H200 sweep with per-block signals (benchmarks/results/
+# h200_dg_signal.md).
 # Buckets: E <= 8, <= 16, more; rows <= 64, <= 128, more.
 DG_SIGNAL_TILES: dict[int, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = {
     8: ((64, 160), (128, 160), (128, 192)),
@@ -108,10 +109,8 @@ def dg_signal_config(num_local_experts: int, expected_m: int, capacity: int,
                      k: int = 2048) -> DgSignalConfig:
     """The patched kernel's served config for this shape: the tile of `DG_SIGNAL_TILES` (128-row
     tiles only where they divide the capacity) with the most stages that fit, signals raised by
-    the store warp (`DgSignalConfig.store_warp`). On the H200 (2026-12-05, 21 shapes) it beat
-    deferred signals at 20 of 21 shapes in each of three pairings (the sweep's best tile per block
-    and per expert, DeepGEMM's own tile per block): by up to 5 % at E 16 / 32 and 1.7 % at E 8,
-    and at most 0.4 % slower at the one shape of each pairing where it lost."""
+    the store warp (`DgSignalConfig.store_warp`, the fastest timing in
+    benchmarks/results/h200_dg_signal.md)."""
     bucket = 8 if num_local_experts <= 8 else 16 if num_local_experts <= 16 else 32
     small, mid, large = DG_SIGNAL_TILES[bucket]
     block_m, block_n = small if expected_m <= 64 else mid if expected_m <= 128 else large
@@ -140,26 +139,16 @@ def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSigna
 
 
 def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:
-    """The fastest signal-emitting down GEMM for this shape, by the H200 tables (DeepSeek-V3 down
-    projection, N 7168, K 2048, CUDA graphs; benchmarks/results/h200_dg_signal.md,
-    h200_signal_gemm.md, h200_padded_gemm.md, h200_sbo_layer.md):
+    """The signal-emitting down GEMM for this shape (DeepSeek-V3 down projection, N 7168,
+    K 2048), by the H200 tables (benchmarks/results/h200_dg_signal.md, h200_signal_gemm.md,
+    h200_padded_gemm.md, h200_sbo_layer.md):
 
-    - the patched DeepGEMM kernel wherever it can run (sgl-deep-gemm 0.1.4.post1 and nvcc; the
-      capacity a multiple of 64): with deferred signals 0.94-1.04x one plain DeepGEMM launch at
-      every measured shape (E 8/16/32, 1-256 rows, padded or not), the fastest producer at each
-      of them (2026-12-04, interleaved rounds); the store warp (served since 2026-12-05) is
-      faster still (`dg_signal_config`); otherwise, as measured before it:
-
-    - fused for few experts while the GEMM is memory-bound and the buffer is not padded (E < 16,
-      <= 64 rows, capacity = the rows rounded up to 64: 1.03-1.09x one DeepGEMM launch);
-    - in a padded buffer (capacity past the rows, as DeepEP's low-latency buffer is) the fused
-      kernel still pays for the empty row blocks (1.38-1.49x DeepGEMM at E 8, capacity 256,
-      <= 64 rows, 2026-12-04) while DeepGEMM does not (36.2-37.1 us at capacity 64 and 256), and
-      E/4 slices on two streams cost 1.10x there (46.9 vs 42.7 us, E 8, 64 rows, 2026-12-03);
-    - DeepGEMM on E/4 slices over two streams otherwise (0.95-1.04x), on one stream in E/2
-      (E <= 16) or E/4 slices at 256 rows and more (1.03-1.20x).
-
-    Capacities DeepGEMM mis-computes always take the fused kernel."""
+    - deepgemm wherever it can run (a covered deep_gemm release, nvcc, capacity a multiple of
+      64): the fastest producer at every measured shape;
+    - otherwise fused for E < 16 at <= 64 rows in an unpadded buffer; DeepGEMM slices in a
+      padded buffer (the fused kernel pays for empty row blocks there), on one stream in E/2
+      (E <= 16) or E/4 slices at >= 256 rows, else E/4 slices on two streams;
+    - fused for capacities DeepGEMM mis-computes (`DEEPGEMM_CAPACITY_ALIGN`)."""
     e = num_local_experts
     if capacity % DEEPGEMM_CAPACITY_ALIGN == 0 and deepgemm_signal_unavailable() is None:
         return SignalPlan("deepgemm", why="H200: DeepGEMM's kernel with the signal patch is the "
@@ -167,7 +156,7 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
                           dg_config=dg_signal_config(e, expected_m, capacity))
     if capacity % DEEPGEMM_CAPACITY_ALIGN:
         return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
-                          f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM 0.1.4 mis-computes it)")
+                          f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM mis-computes it)")
     if expected_m >= 256:
         return SignalPlan("sliced", max(1, e // 2 if e <= 16 else e // 4), 1,
                           why="H200: one-stream slices fastest at >= 256 rows")
@@ -237,9 +226,7 @@ def combine_signal_layout(form: CombineForm, *, num_local_experts: int, world_si
 def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:
     """The fused kernel's launch for `layout`'s tiles (warps / stages tuned for `expected_m`).
     Tile order: n tiles innermost, except where the rows fill every m block and there are 32
-    experts or more (H200, capacity 256: m innermost 0.82-0.95x at E 32 with 192-256 rows,
-    1.01-1.05x at E 8-16; n innermost 1.3-2.8x faster wherever blocks are empty;
-    benchmarks/results/h200_padded_gemm.md)."""
+    experts or more (benchmarks/results/h200_padded_gemm.md)."""
     base = default_config(expected_m)
     full = -(-max(1, expected_m) // layout.block_m) >= layout.blocks_per_expert
     return SignalGemmConfig(layout.block_m, layout.block_n, base.num_warps, base.num_stages,
@@ -257,13 +244,13 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
     plan = choose_signal_path(layout.num_local_experts, expected_m, layout.capacity)
     if plan.path != "deepgemm":
         return plan
-    from sglang_overlap.kernels import deepgemm_signal
+    from sglang_overlap.kernels import signal_deepgemm
 
     config = dg_config_for_layout(plan, layout, k)
     if config is None:
         return plan
     try:
-        deepgemm_signal.load(config, layout, num_groups=layout.num_local_experts,
+        signal_deepgemm.load(config, layout, num_groups=layout.num_local_experts,
                              n=layout.hidden, k=k, num_sms=layout.compute_num_sms,
                              device=device)
     except DgSignalError as exc:
@@ -274,27 +261,31 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
 def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                      b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
                      expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
-                     compute_num_sms: int | None = None) -> SignalPlan:
+                     compute_num_sms: int | None = None,
+                     plan: SignalPlan | None = None) -> SignalPlan:
     """out[e, :masked_m[e]] = a[e] @ b[e]^T with fp8 block scales, raising `signal` (zeroed, from
-    `signal_gemm.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
+    `signals.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
     exactly once, empty experts included. a `[E, C, K]` fp8 + `[E, C, K/128]` fp32 scales,
     b `[E, N, K]` fp8 + `[E, N/128, K/128]` fp32, out `[E, C, N]` bf16. The GEMM keeps to
-    `compute_num_sms` (default: the layout's), leaving the rest to the combine send.
-    Returns the plan it ran."""
-    from sglang_overlap.kernels.deepgemm import num_sms_scope, sliced_masked_gemm_signal
+    `compute_num_sms` (default: the layout's), leaving the rest to the combine send. `plan`
+    (default: `choose_signal_path` for the shape) runs a given producer; `layout` must then count
+    its tiles (`plan_tiles`). Returns the plan it ran."""
+    from sglang_overlap.kernels.deepgemm import num_sms_scope
+    from sglang_overlap.kernels.signal_sliced import sliced_masked_gemm_signal
 
     if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
         raise ValueError("the SBO signal GEMM needs fp32 block scales (1x128 / 128x128); got "
                          f"{a_scale.dtype} / {b_scale.dtype} (UE8M0 scales are Blackwell-only)")
     sms = compute_num_sms or layout.compute_num_sms
-    plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
+    if plan is None:
+        plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
     if plan.path == "deepgemm":
-        from sglang_overlap.kernels import deepgemm_signal
+        from sglang_overlap.kernels import signal_deepgemm
 
         config = dg_config_for_layout(plan, layout, a.shape[2])
         try:
             if config is not None:
-                deepgemm_signal.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
+                signal_deepgemm.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
                                                    config=config, num_sms=sms, signal=signal,
                                                    layout=layout)
                 return SignalPlan("deepgemm", why=plan.why, dg_config=config)

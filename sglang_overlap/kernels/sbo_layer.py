@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch
 
 from sglang_overlap.kernels import deepgemm, fp8
+from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
 from sglang_overlap.kernels.combine_overlap import layout_overlap_kwargs
 from sglang_overlap.kernels.down_gemm import (
     combine_signal_layout,
@@ -45,7 +46,7 @@ from sglang_overlap.kernels.down_gemm import (
     signal_down_gemm,
 )
 from sglang_overlap.kernels.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
-from sglang_overlap.kernels.signal_gemm import new_signal, num_sms
+from sglang_overlap.kernels.signals import new_signal
 from sglang_overlap.planning.sbo_layout import SboLayout, default_comm_num_sms
 from sglang_overlap.planning.sbo_path import CombineForm
 

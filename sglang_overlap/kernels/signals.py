@@ -157,3 +157,9 @@ class SignalContract:
 
 
 _DONE = object()
+
+
+def new_signal(layout: SboLayout, device: torch.device | str) -> torch.Tensor:
+    """Zeroed counters in `layout`'s shape and dtype (uint32 per expert, int32 per block)."""
+    dtype = torch.uint32 if layout.signal_dtype == "uint32" else torch.int32
+    return torch.zeros(layout.signal_shape, dtype=dtype, device=device)

@@ -57,7 +57,7 @@ class Capabilities:
     deep_ep_combine_forms: tuple[CombineForm, ...]  # () = combine takes no overlap arguments
     deep_gemm_version: str | None  # None: deep_gemm not installed
     deep_gemm_signal: bool  # masked GEMM takes enable_overlap / signal
-    plugin_signal_gemm: bool  # triton and sglang_overlap.kernels.signal_gemm are present
+    plugin_signal_gemm: bool  # triton and sglang_overlap.kernels.signal_fused are present
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _missing_expert(caps: Capabilities) -> list[str]:
     if not caps.plugin_signal_gemm:
         missing.append(
             "the plugin's signal GEMM needs triton (pip install triton; it ships with torch on "
-            "CUDA) and sglang_overlap.kernels.signal_gemm"
+            "CUDA) and sglang_overlap.kernels.signal_fused"
         )
     return missing
 

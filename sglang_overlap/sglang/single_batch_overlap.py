@@ -40,7 +40,7 @@ def apply_plugin_signal(decision: SboDecision, combine: Any, down: Any, meta: di
     the layout the installed tree's combine reads (`down_gemm.combine_signal_layout`: 64-row
     blocks per block, the GEMM off the send's SMs and on an even count)."""
     from sglang_overlap.kernels.down_gemm import combine_signal_layout
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signals import new_signal
 
     total = combine.num_sms + meta["compute_num_sms"]
     comm = comm_num_sms or combine.num_sms

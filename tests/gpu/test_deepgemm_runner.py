@@ -63,7 +63,7 @@ def test_masked_gemm_matches_fp64(dg) -> None:
 
 def test_fused_signal_gemm_agrees_with_deepgemm(dg) -> None:
     from sglang_overlap.kernels import deepgemm, fp8
-    from sglang_overlap.kernels.signal_gemm import default_config, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signal_fused import default_config, grouped_gemm_fp8_signal
 
     e, m_cap, n, k = 8, 64, 7168, 2048
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -143,8 +143,8 @@ def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
 @pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int) -> None:
-    from sglang_overlap.kernels import deepgemm
-    from sglang_overlap.kernels.signal_gemm import plan_expert_slices
+    from sglang_overlap.kernels import deepgemm, signal_sliced
+    from sglang_overlap.kernels.signal_sliced import plan_expert_slices
 
     from .test_signal_gemm import check_overlapped, layout_for, make_case, run_overlapped
 
@@ -154,7 +154,7 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int
 
     def producer(down: torch.Tensor, sig: torch.Tensor) -> None:
         with deepgemm.num_sms_scope(layout.compute_num_sms):
-            deepgemm.sliced_masked_gemm_signal(case.a, case.a_s, case.b, case.b_s, down,
+            signal_sliced.sliced_masked_gemm_signal(case.a, case.a_s, case.b, case.b_s, down,
                                                case.masked_m, 64, signal=sig, layout=layout,
                                                slice_experts=2, streams=streams)
 

@@ -1,6 +1,7 @@
-"""GPU: DeepGEMM's own SM90 masked GEMM with the plugin's signal patch (kernels/deepgemm_signal.py).
+"""GPU: DeepGEMM's own SM90 masked GEMM with the plugin's signal patch (kernels/signal_deepgemm/).
 
-Needs a Hopper GPU, nvcc and sgl-deep-gemm 0.1.4.post1 (the release the patch is made for);
+Needs a Hopper GPU, nvcc and a covered sgl-deep-gemm release whose own launch loads (the reference
+is DeepGEMM's launch: 0.1.4.post1 on torch 2.11);
 skipped otherwise, failed instead with SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 (benchmarks/run_gpu.sh).
 Every output is NaN-poisoned first; the reference is unmodified DeepGEMM on the same operands and
 the fp64 product of the dequantised operands.
@@ -33,9 +34,9 @@ SEEDS = int(os.environ.get("SGLANG_OVERLAP_GPU_SEEDS", "12"))
 
 @pytest.fixture(scope="module", autouse=True)
 def _available() -> None:
-    from sglang_overlap.kernels import deepgemm_signal
+    from sglang_overlap.kernels import signal_deepgemm
 
-    why = deepgemm_signal.probe()
+    why = signal_deepgemm.probe()
     if why is None and torch.cuda.get_device_capability() != (9, 0):
         why = "the patched DeepGEMM kernel is SM90 only"
     if why is not None:
@@ -54,7 +55,7 @@ def dg_case(seed: int, e: int, cap: int, n: int, k: int, zero_experts: int = 0):
 
 
 def run(case, config, *, layout=None, signal=None, num_sms: int = 132, out=None):
-    from sglang_overlap.kernels.deepgemm_signal import masked_gemm_signal
+    from sglang_overlap.kernels.signal_deepgemm import masked_gemm_signal
 
     e, cap, _ = case.a.shape
     if out is None:
@@ -67,7 +68,7 @@ def run(case, config, *, layout=None, signal=None, num_sms: int = 132, out=None)
 
 def random_config(rng: random.Random, cap: int, n: int = 7168):
     """A random legal config; multicast where the n tiles pair up (use an even SM count)."""
-    from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
+    from sglang_overlap.kernels.signal_deepgemm import DgSignalConfig, max_stages
 
     bm = 128 if cap % 128 == 0 and rng.random() < 0.4 else 64
     bn = rng.choice([64, 112, 128, 144, 160, 192])
@@ -84,7 +85,7 @@ def test_matches_deepgemm_and_fp64(seed: int) -> None:
     """Valid rows match unmodified DeepGEMM and fp64; rows of blocks past masked_m stay
     untouched; every signal ends at its final value (both forms)."""
     from sglang_overlap.kernels import deepgemm
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signals import new_signal
 
     rng = random.Random(seed)
     e = rng.choice([1, 3, 8, 16, 32])
@@ -147,8 +148,8 @@ def test_store_warp_is_deferred_bit_for_bit(shape: tuple, granularity: str) -> N
     consumer never reads a poisoned row."""
     from dataclasses import replace
 
-    from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, max_stages
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signal_deepgemm import DgSignalConfig, max_stages
+    from sglang_overlap.kernels.signals import new_signal
 
     e, cap, bm, bn, multicast = shape
     case = dg_case(100 + e, e, cap, 7168, 2048, zero_experts=1)
@@ -175,8 +176,8 @@ def test_store_warp_is_deferred_bit_for_bit(shape: tuple, granularity: str) -> N
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_all_experts_empty_signal_everything(granularity: str) -> None:
-    from sglang_overlap.kernels.deepgemm_signal import default_config
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signal_deepgemm import default_config
+    from sglang_overlap.kernels.signals import new_signal
 
     case = dg_case(5, 8, 256, 7168, 2048, zero_experts=8)
     config = default_config(8, 1, 256, 7168, 2048, 132)
@@ -191,8 +192,8 @@ def test_all_experts_empty_signal_everything(granularity: str) -> None:
 
 def test_cuda_graph_replay_signals_each_time() -> None:
     """Captured once, replayed with the signal re-zeroed: same output, every unit final."""
-    from sglang_overlap.kernels.deepgemm_signal import default_config
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signal_deepgemm import default_config
+    from sglang_overlap.kernels.signals import new_signal
 
     case = dg_case(9, 16, 256, 7168, 2048, zero_experts=3)
     config = default_config(16, 32, 256, 7168, 2048, 128)
@@ -218,7 +219,7 @@ def test_cuda_graph_replay_signals_each_time() -> None:
 def test_plain_mode_is_deepgemm_bit_for_bit() -> None:
     """Signals off, DeepGEMM's own config for the shape: the same bits as deep_gemm's launch."""
     from sglang_overlap.kernels import deepgemm
-    from sglang_overlap.kernels.deepgemm_signal import default_config
+    from sglang_overlap.kernels.signal_deepgemm import default_config
 
     case = dg_case(13, 8, 128, 7168, 2048)
     case.masked_m.fill_(100)
@@ -234,11 +235,11 @@ def test_plain_mode_is_deepgemm_bit_for_bit() -> None:
 def test_negative_control_an_early_signal_is_caught() -> None:
     """The ordering check can fail: a producer that marks every unit final before computing is
     caught by the consumer (it sums poisoned rows)."""
-    from sglang_overlap.kernels.signal_gemm import default_config as tri_default
+    from sglang_overlap.kernels.signal_fused import default_config as tri_default
 
     case = dg_case(3, 16, 128, 7168, 2048)
     case.masked_m.fill_(128)
-    from sglang_overlap.kernels.deepgemm_signal import default_config
+    from sglang_overlap.kernels.signal_deepgemm import default_config
 
     config = default_config(16, 128, 128, 7168, 2048, 124)
     layout = layout_for(case, "expert", config.block_m, config.block_n, comm_sms=8)

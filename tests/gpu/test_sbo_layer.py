@@ -130,7 +130,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
     down GEMM, already loaded) comes 50 ms later on the host, or behind a 50 ms device sleep on
     its stream. The send must wait, then finish with the right rows."""
     from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
-    from sglang_overlap.kernels.signal_gemm import new_signal
+    from sglang_overlap.kernels.signals import new_signal
 
     torch.cuda._sleep(1000)  # load the sleep kernel now: a first launch may sync the context
     layer, x, idx, w, want, d, act = _pieces(ep)
@@ -154,8 +154,7 @@ def test_watchdog_names_stuck_units_and_releases(ep) -> None:
     """A counter past its final value never equals it (both trees compare with ==): the send
     spins, the watchdog raises naming the units, releases them, and the device stays usable."""
     from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
-    from sglang_overlap.kernels.signal_gemm import new_signal
-    from sglang_overlap.kernels.signals import SignalError
+    from sglang_overlap.kernels.signals import SignalError, new_signal
 
     layer, x, idx, w, want, d, act = _pieces(ep)
     lay = layer.layout(x.shape[0])

@@ -76,7 +76,7 @@ def valid_rows(case: Case) -> torch.Tensor:
 
 
 def layout_for(case: Case, granularity: str, block_m: int, block_n: int, comm_sms: int = 4):
-    from sglang_overlap.kernels.signal_gemm import num_sms
+    from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
     e, m_cap, _ = case.a.shape
@@ -88,7 +88,8 @@ def layout_for(case: Case, granularity: str, block_m: int, block_n: int, comm_sm
 def run_overlapped(case: Case, layout, config, *, wait: bool = True, producer=None):
     """Consumer on a side stream first, then the producer on the main stream."""
     from benchmarks.kernels.combine_consumer import combine_consume
-    from sglang_overlap.kernels.signal_gemm import grouped_gemm_fp8_signal, new_signal
+    from sglang_overlap.kernels.signal_fused import grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signals import new_signal
 
     e, m_cap, _ = case.a.shape
     if producer is None:
@@ -136,7 +137,7 @@ def random_shape(rng: random.Random) -> tuple[int, int, int, int]:
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_fused_gemm_matches_fp64(seed: int) -> None:
-    from sglang_overlap.kernels.signal_gemm import default_config, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signal_fused import default_config, grouped_gemm_fp8_signal
 
     e, m_cap, n, k = random_shape(random.Random(seed))
     case = make_case(seed, e, m_cap, n, k, zero_experts=seed % 2)
@@ -157,7 +158,7 @@ def test_fused_gemm_matches_fp64(seed: int) -> None:
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
-    from sglang_overlap.kernels.signal_gemm import SignalGemmConfig
+    from sglang_overlap.kernels.signal_fused import SignalGemmConfig
 
     rng = random.Random(1000 + seed)
     e, m_cap, n, k = random_shape(rng)
@@ -172,7 +173,7 @@ def test_consumer_never_reads_a_unit_early(seed: int, granularity: str) -> None:
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_all_experts_empty_still_signal_and_finish(granularity: str) -> None:
-    from sglang_overlap.kernels.signal_gemm import default_config
+    from sglang_overlap.kernels.signal_fused import default_config
 
     case = make_case(7, 6, 128, 1024, 512, zero_experts=6)
     config = default_config(64)
@@ -184,7 +185,7 @@ def test_all_experts_empty_still_signal_and_finish(granularity: str) -> None:
 
 def test_negative_control_reading_without_waiting_is_caught() -> None:
     """The ordering check can fail: a consumer that skips the wait sums poisoned rows."""
-    from sglang_overlap.kernels.signal_gemm import default_config
+    from sglang_overlap.kernels.signal_fused import default_config
 
     case = make_case(3, 16, 128, 7168, 2048)
     case.masked_m.fill_(128)
@@ -195,11 +196,8 @@ def test_negative_control_reading_without_waiting_is_caught() -> None:
 
 
 def test_signal_values_equal_layout_expectation() -> None:
-    from sglang_overlap.kernels.signal_gemm import (
-        SignalGemmConfig,
-        grouped_gemm_fp8_signal,
-        new_signal,
-    )
+    from sglang_overlap.kernels.signal_fused import SignalGemmConfig, grouped_gemm_fp8_signal
+    from sglang_overlap.kernels.signals import new_signal
 
     case = make_case(11, 5, 100, 896, 256, zero_experts=2)
     config = SignalGemmConfig(block_m=64, block_n=64)

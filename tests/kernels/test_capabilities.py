@@ -160,3 +160,14 @@ def test_detect_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     real = detect_gpu()
     assert real.source == "detected"
     assert (real.arch == "cpu") == (not torch.cuda.is_available())
+
+
+def test_device_num_sms_refuses_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels' SM count never invents a nominal count (the glue's state.num_sms does)."""
+    import torch
+
+    from sglang_overlap.kernels.capabilities import device_num_sms
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        device_num_sms()

@@ -24,7 +24,7 @@ from sglang_overlap.kernels.combine_overlap import (
     layout_overlap_kwargs,
 )
 from sglang_overlap.kernels.down_gemm import combine_signal_layout
-from sglang_overlap.kernels.signal_gemm import new_signal
+from sglang_overlap.kernels.signals import new_signal
 
 TREES = Path(__file__).resolve().parents[1] / "fixtures" / "deep_ep_trees"
 HYBRID, ANT = TREES / "hybrid-ep-94a9f8f", TREES / "antgroup-opt-76f0271"

@@ -1,5 +1,5 @@
-"""CPU side of the DeepGEMM backend and the SBO signal GEMM: API detection, slice planning, signal
-ranges and expectations, fp8 quantisation helpers. No GPU needed."""
+"""CPU side of the DeepGEMM backend and the SBO signal GEMM: API detection, signal expectations,
+fp8 quantisation helpers. No GPU needed."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ import torch
 from benchmarks.kernels.combine_consumer import combine_reference
 from sglang_overlap.kernels import fp8
 from sglang_overlap.kernels.deepgemm import detect_api
-from sglang_overlap.kernels.signal_gemm import (
-    SignalGemmConfig,
-    default_config,
-    new_signal,
-    plan_expert_slices,
-    slice_signal_range,
-)
+from sglang_overlap.kernels.signal_fused import SignalGemmConfig, default_config
+from sglang_overlap.kernels.signals import new_signal
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 
@@ -28,45 +23,6 @@ def _layout(granularity: str, e: int = 8, cap: int = 256, bm: int = 64, bn: int 
     return plan_sbo_layout(num_local_experts=e, capacity=cap, block_m=bm, block_n=bn,
                            hidden=hidden, num_sms=132, comm_num_sms=3,
                            granularity=granularity)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("experts", "size", "want"),
-    [
-        (8, 1, tuple((i, i + 1) for i in range(8))),
-        (8, 2, ((0, 2), (2, 4), (4, 6), (6, 8))),
-        (32, 8, ((0, 8), (8, 16), (16, 24), (24, 32))),
-        (5, 2, ((0, 2), (2, 4), (4, 5))),
-        (3, 3, ((0, 3),)),
-    ],
-)
-def test_plan_expert_slices_table(experts: int, size: int, want: tuple) -> None:
-    assert plan_expert_slices(experts, size) == want
-
-
-@pytest.mark.parametrize("experts", range(1, 40))
-def test_plan_expert_slices_cover_every_expert_once_in_order(experts: int) -> None:
-    for size in range(1, experts + 1):
-        slices = plan_expert_slices(experts, size)
-        flat = [x for s, e in slices for x in range(s, e)]
-        assert flat == list(range(experts)), f"{experts=} {size=} {slices=}"
-        assert all(e - s == size for s, e in slices[:-1]), f"{experts=} {size=}"
-
-
-@pytest.mark.parametrize(("experts", "size"), [(0, 1), (4, 0), (4, 5), (-1, 1)])
-def test_plan_expert_slices_rejects_bad_values(experts: int, size: int) -> None:
-    with pytest.raises(ValueError, match="must be"):
-        plan_expert_slices(experts, size)
-
-
-@pytest.mark.parametrize("granularity", ["expert", "block"])
-def test_slice_signal_range_matches_layout_indices(granularity: str) -> None:
-    lay = _layout(granularity, e=6, cap=200, bm=64)
-    for start, end in plan_expert_slices(6, 4) + plan_expert_slices(6, 1):
-        lo, hi = slice_signal_range(lay, start, end)
-        want = sorted({lay.signal_index(x, b) for x in range(start, end)
-                       for b in range(lay.blocks_per_expert)})
-        assert list(range(lo, hi)) == want, f"{granularity=} {start=} {end=}"
 
 
 def test_signal_expectations_for_dsv3_down_projection() -> None:
@@ -154,7 +110,8 @@ def test_combine_reference_by_hand() -> None:
 
 def test_engine_backends_import_without_triton_or_deep_gemm() -> None:
     code = ("import sys; import sglang_overlap.kernels.deepgemm_experts,"
-            " sglang_overlap.kernels.signal_gemm,"
+            " sglang_overlap.kernels.signal_fused, sglang_overlap.kernels.signal_sliced,"
+            " sglang_overlap.kernels.signal_deepgemm, sglang_overlap.kernels.down_gemm,"
             " benchmarks.kernels.combine_consumer, sglang_overlap.kernels.fp8;"
             " bad = [m for m in ('triton', 'deep_gemm') if m in sys.modules]; print(bad);"
             " sys.exit(1 if bad else 0)")

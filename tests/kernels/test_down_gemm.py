@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from sglang_overlap.kernels import down_gemm
-from sglang_overlap.kernels.deepgemm_signal import DgSignalConfig, DgSignalError, max_stages
 from sglang_overlap.kernels.down_gemm import (
     DEEPGEMM_CAPACITY_ALIGN,
     choose_signal_path,
@@ -16,7 +15,8 @@ from sglang_overlap.kernels.down_gemm import (
     fused_config,
     signal_layout,
 )
-from sglang_overlap.kernels.signal_gemm import default_config
+from sglang_overlap.kernels.signal_deepgemm import DgSignalConfig, DgSignalError, max_stages
+from sglang_overlap.kernels.signal_fused import default_config
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 
@@ -181,7 +181,7 @@ def test_probe_result_is_cached_and_logged_once(monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     """The real probe of this environment (sglang 0.5.23 installs deep_gemm 0.2.x, which the
     patch does not cover): one log line, then the cached answer."""
-    from sglang_overlap.kernels.deepgemm_signal import probe
+    from sglang_overlap.kernels.signal_deepgemm import probe
 
     monkeypatch.setattr(down_gemm, "_DG_SIGNAL_UNAVAILABLE", [])
     why = probe()

@@ -1,16 +1,12 @@
-"""Signal-emitting fp8 down GEMM for single-batch overlap (SBO) on Hopper.
+"""SignalPlan.path "fused": the plugin's Triton fp8 masked GEMM that raises SBO signals per tile.
 
-Two ways to tell a combine-send consumer which output units are final while the GEMM still runs:
-
-1. Fused (this file's Triton kernel): an fp8 grouped masked GEMM with DeepGEMM's block-scale recipe
-   (1x128 activation, 128x128 weight scales) that, after storing each output tile, bumps the
-   tile's counter with a gpu-scope *release* atomic. Per-block form: one int32 counter per
-   (expert, block_m) row block, final at `n_tiles`. Per-expert form (what sgl-deep-ep 0.1.2.post1's
-   `low_latency_combine(overlap=True, src_signals=..., src_signal_expect_value=...)` reads): one
-   uint32 counter per expert, final at `blocks_per_expert * n_tiles`; tiles past masked_m bump too,
-   so an expert with zero tokens still reaches its value and nothing waits forever.
-2. Sliced (kernels/deepgemm.py): unmodified DeepGEMM launched on slices of experts, each followed on
-   the same stream by `write_slice_signal`, which stores the final value for the slice's units.
+An fp8 grouped masked GEMM with DeepGEMM's block-scale recipe (1x128 activation, 128x128
+weight scales) that, after storing each output tile, bumps the tile's counter with a gpu-scope
+*release* atomic. Per-block form: one int32 counter per (expert, block_m) row block, final at
+`n_tiles`. Per-expert form (what sgl-deep-ep 0.1.2.post1's `low_latency_combine(overlap=True,
+src_signals=..., src_signal_expect_value=...)` reads): one uint32 counter per expert, final at
+`blocks_per_expert * n_tiles`; tiles past masked_m bump too, so an expert with zero tokens still
+reaches its value and nothing waits forever.
 
 Both forms and values come from `planning.sbo_layout.SboLayout`. Triton is imported lazily.
 
@@ -66,31 +62,6 @@ def default_config(expected_m: int) -> SignalGemmConfig:
     if expected_m <= 64:
         return SignalGemmConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, ctas_per_sm=2)
     return SignalGemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, ctas_per_sm=1)
-
-
-def plan_expert_slices(num_local_experts: int, slice_experts: int) -> tuple[tuple[int, int], ...]:
-    """Expert ranges [start, end) for the sliced path, in launch (= signal) order."""
-    if num_local_experts < 1:
-        raise ValueError(f"num_local_experts must be >= 1 (got {num_local_experts})")
-    if not 1 <= slice_experts <= num_local_experts:
-        raise ValueError(f"slice_experts must be in [1, num_local_experts={num_local_experts}] "
-                         f"(got {slice_experts})")
-    return tuple((s, min(s + slice_experts, num_local_experts))
-                 for s in range(0, num_local_experts, slice_experts))
-
-
-def slice_signal_range(layout: SboLayout, start: int, end: int) -> tuple[int, int]:
-    """Signal indices [lo, hi) that cover experts [start, end) in `layout`'s form."""
-    if layout.granularity == "expert":
-        return start, end
-    last = layout.signal_index(end - 1, layout.blocks_per_expert - 1)
-    return layout.signal_index(start, 0), last + 1
-
-
-def new_signal(layout: SboLayout, device: torch.device | str) -> torch.Tensor:
-    """Zeroed counters in `layout`'s shape and dtype (uint32 per expert, int32 per block)."""
-    dtype = torch.uint32 if layout.signal_dtype == "uint32" else torch.int32
-    return torch.zeros(layout.signal_shape, dtype=dtype, device=device)
 
 
 _KERNELS: dict[str, Any] = {}
@@ -155,20 +126,8 @@ def _kernels() -> dict[str, Any]:
                     idx = e
                 tl.atomic_add(sig_ptr + idx, 1, sem="release", scope="gpu")
 
-    @triton.jit
-    def store_signal_kernel(sig_ptr, lo, hi, value, BLOCK: tl.constexpr):
-        offs = lo + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.atomic_xchg(sig_ptr + offs, value, mask=offs < hi, sem="release", scope="gpu")
-
     _KERNELS["gemm"] = gemm_kernel
-    _KERNELS["store_signal"] = store_signal_kernel
     return _KERNELS
-
-
-def num_sms(device: torch.device | str | None = None) -> int:
-    """Multiprocessor count of `device` (the current CUDA device by default)."""
-    return int(torch.cuda.get_device_properties(device or torch.cuda.current_device())
-               .multi_processor_count)
 
 
 def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
@@ -181,7 +140,7 @@ def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
     a: `[E, M, K]` fp8 (K contiguous); a_scale: `[E, M, K/128]` fp32, any strides;
     b: `[E, N, K]` fp8 (K contiguous); b_scale: `[E, ceil(N/128), K/128]` fp32;
     masked_m: `[E]` int32 valid rows; out: `[E, M, N]` bf16 (N contiguous), rows past masked_m
-    untouched. With `signal` (from `new_signal(layout)`, zeroed), each tile bumps its unit's
+    untouched. With `signal` (from `signals.new_signal(layout)`, zeroed), each tile bumps its unit's
     counter after its store. `num_programs` caps the persistent grid (SMs left for a consumer).
     """
     e, m_cap, k = a.shape
@@ -228,16 +187,3 @@ def _check_layout(layout: SboLayout, e: int, m_cap: int, n: int, config: SignalG
     got = {key: getattr(layout, key) for key in want}
     if got != want:
         raise ValueError(f"SboLayout does not match the GEMM: layout {got}, GEMM {want}")
-
-
-def write_slice_signal(signal: torch.Tensor, layout: SboLayout, start: int, end: int) -> None:
-    """Mark experts [start, end) final: store `layout.expect_value` into their counters (release).
-
-    Issued on the GEMM's stream right after the slice's GEMM, so stream order makes the slice's
-    output visible before the store.
-    """
-    lo, hi = slice_signal_range(layout, start, end)
-    block = 128
-    grid = (-(-(hi - lo) // block),)
-    _kernels()["store_signal"][grid](signal.view(torch.int32), lo, hi, layout.expect_value,
-                                     BLOCK=block, num_warps=1)

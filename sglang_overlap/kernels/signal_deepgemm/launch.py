@@ -1,0 +1,209 @@
+"""Operand checks and the launch of the patched kernel (compiled and loaded once per
+instantiation and process, launched on the current torch stream; CUDA graphs capture it).
+
+Legend: E local experts, C capacity rows per expert, K reduction dim, N output dim (hidden).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sglang_overlap.kernels.signal_deepgemm.build import compile_cubin, kernel_source
+from sglang_overlap.kernels.signal_deepgemm.configs import (
+    BLOCK_K,
+    DgSignalConfig,
+    SignalMode,
+    swizzle_mode,
+)
+from sglang_overlap.kernels.signal_deepgemm.driver import (
+    BFLOAT16,
+    FLOAT32,
+    UINT8,
+    driver,
+    tensor_map,
+)
+from sglang_overlap.kernels.signal_deepgemm.headers import Source, locate, prepared_include
+
+if TYPE_CHECKING:
+    import torch
+
+    from sglang_overlap.planning.sbo_layout import SboLayout
+
+_FUNCS: dict[tuple[object, ...], int] = {}
+_SOURCE: list[tuple[Source, Path]] = []  # the installed release and its patched include folder
+
+
+def _source() -> tuple[Source, Path]:
+    if not _SOURCE:
+        source = locate()
+        _SOURCE.append((source, prepared_include(source)))
+    return _SOURCE[0]
+
+
+def kernel(config: DgSignalConfig, *, device: int, num_groups: int, n: int, k: int,
+           num_sms: int, mode: SignalMode, unit_m: int) -> int:
+    """The loaded CUfunction for this instantiation (compiled and loaded once per process)."""
+    key = (device, config, num_groups, n, k, num_sms, mode, unit_m)
+    func = _FUNCS.get(key)
+    if func is None:
+        source, include = _source()
+        text = kernel_source(config, release=source.spec, num_groups=num_groups, n=n, k=k,
+                             num_sms=num_sms, mode=mode, unit_m=unit_m)
+        cubin = compile_cubin(text, include)
+        func = driver().load_kernel(cubin.read_bytes(), config.smem(k, mode != "none"))
+        _FUNCS[key] = func
+    return func
+
+
+def device_index(device: torch.device | int) -> int:
+    """A CUDA device's index (the current device for a bare `cuda`)."""
+    import torch
+
+    if isinstance(device, int):
+        return device
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def load(config: DgSignalConfig, layout: SboLayout | None, *, num_groups: int, n: int, k: int,
+         num_sms: int, device: torch.device | int) -> int:
+    """The CUfunction counting `layout`'s units (None: signals off), compiled and loaded on
+    `device` once per process. Loading a module waits for the device to go idle: call this
+    before a combine send can spin on the signal (`down_gemm.prepare_signal_down_gemm`)."""
+    import torch
+
+    mode, unit_m = layout_mode(layout, config, n)
+    index = device_index(device)
+    with torch.cuda.device(index):
+        return kernel(config, device=index, num_groups=num_groups, n=n, k=k, num_sms=num_sms,
+                      mode=mode, unit_m=unit_m)
+
+
+
+
+def check_operands(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                   b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
+                   config: DgSignalConfig) -> tuple[int, int, int, int]:
+    """(E, C, N, K) of `[E, C, K] x [E, N, K] -> [E, C, N]`; ValueError naming what is off.
+    `a_scale` may have any strides (`mn_major_scales` re-lays it out)."""
+    import torch
+
+    if a.dim() != 3 or b.dim() != 3 or out.dim() != 3:
+        raise ValueError(f"need a [E, C, K], b [E, N, K], out [E, C, N] (got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)}, {tuple(out.shape)})")
+    e, c, k = a.shape
+    n = b.shape[1]
+    if b.shape != (e, n, k) or out.shape != (e, c, n):
+        raise ValueError(f"shapes do not match [E, C, K] x [E, N, K] -> [E, C, N] (got "
+                         f"{tuple(a.shape)}, {tuple(b.shape)}, {tuple(out.shape)})")
+    if k % BLOCK_K or n % 16:
+        raise ValueError(f"need K % 128 == 0 and N % 16 == 0 (got K={k}, N={n})")
+    if c % config.block_m:
+        raise ValueError(f"capacity {c} is not a multiple of block_m {config.block_m}: a tile's "
+                         "store would cross into the next expert")
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"a and b must be float8_e4m3fn (got {a.dtype}, {b.dtype})")
+    if out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be bfloat16 (got {out.dtype})")
+    if not (a.is_contiguous() and b.is_contiguous() and out.is_contiguous()):
+        raise ValueError("a, b and out must be contiguous")
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        raise ValueError(f"scales must be float32 (got {a_scale.dtype}, {b_scale.dtype})")
+    groups = k // BLOCK_K
+    if a_scale.shape != (e, c, groups):
+        raise ValueError(f"a_scale must be [E, C, K/128] = {(e, c, groups)} (got "
+                         f"{tuple(a_scale.shape)})")
+    if b_scale.shape != (e, -(-n // BLOCK_K), groups) or not b_scale.is_contiguous():
+        raise ValueError(f"b_scale must be a contiguous [E, ceil(N/128), K/128] = "
+                         f"{(e, -(-n // BLOCK_K), groups)} (got {tuple(b_scale.shape)})")
+    if masked_m.shape != (e,) or masked_m.dtype != torch.int32:
+        raise ValueError(f"masked_m must be int32 [E] = ({e},) (got {masked_m.dtype} "
+                         f"{tuple(masked_m.shape)})")
+    for name, t in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale),
+                    ("out", out), ("masked_m", masked_m)):
+        if t.device != a.device or t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a's CUDA device (got {t.device})")
+    return e, c, n, k
+
+
+def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
+    """`a_scale` `[E, C, G]` in the layout the kernel's TMA reads: C contiguous, padded to 4
+    rows (DeepGEMM's MN-major TMA-aligned layout; `fp8.silu_and_mul_quant` writes it so). Other
+    strides are copied into it (one small kernel), as DeepGEMM itself does."""
+    from sglang_overlap.kernels.fp8 import empty_mn_major_scales, tma_aligned_rows
+
+    e, c, groups = a_scale.shape
+    aligned = tma_aligned_rows(c)
+    if a_scale.stride() == (groups * aligned, 1, aligned):
+        return a_scale
+    return empty_mn_major_scales((e,), c, groups, a_scale.device).copy_(a_scale)
+
+
+def layout_mode(layout: SboLayout | None, config: DgSignalConfig, n: int) -> tuple[SignalMode,
+                                                                                 int]:
+    """(mode, unit rows) of the kernel for `layout`; ValueError when the layout's final value
+    is not what this config's tiles produce."""
+    if layout is None:
+        return "none", 64
+    if layout.block_n != config.block_n or layout.n_tiles != -(-n // config.block_n):
+        raise ValueError(f"the SBO layout counts tiles of {layout.block_n} columns, the kernel "
+                         f"runs block_n {config.block_n}: lay the signal out with "
+                         "down_gemm's plan")
+    if layout.granularity == "block":
+        if config.block_m % layout.block_m:
+            raise ValueError(f"per-block signals of {layout.block_m} rows need block_m a "
+                             f"multiple of it (got {config.block_m})")
+        return "block", layout.block_m
+    if layout.block_m != config.block_m:
+        raise ValueError(f"the per-expert layout counts {layout.block_m}-row blocks, the "
+                         f"kernel runs block_m {config.block_m}")
+    return "expert", 64
+
+
+def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
+                       b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor, *,
+                       config: DgSignalConfig, num_sms: int, signal: torch.Tensor | None = None,
+                       layout: SboLayout | None = None) -> None:
+    """out[e, :masked_m[e]] = a[e] @ b[e]^T (fp8, 1x128 / 128x128 fp32 scales), DeepGEMM's SM90
+    kernel on `num_sms` SMs (a persistent grid: the rest stay free for the combine send). With
+    `signal` (zeroed, `signals.new_signal(layout)`), every unit reaches
+    `layout.expect_value` exactly once, after the rows it covers are in memory. Rows past
+    masked_m inside a written block hold garbage (as with DeepGEMM); later blocks are untouched.
+    """
+    import torch
+
+    e, c, n, k = check_operands(a, a_scale, b, b_scale, out, masked_m, config)
+    if signal is not None and layout is not None:
+        if tuple(signal.shape) != layout.signal_shape or signal.device != a.device:
+            raise ValueError(f"signal must be {layout.signal_shape} on {a.device} (got "
+                             f"{tuple(signal.shape)} on {signal.device})")
+        if layout.num_local_experts != e or layout.capacity != c:
+            raise ValueError(f"the SBO layout is for E={layout.num_local_experts}, "
+                             f"C={layout.capacity}; the GEMM has E={e}, C={c}")
+    elif signal is not None or layout is not None:
+        raise ValueError("signal and layout go together")
+    if num_sms < 1:
+        raise ValueError(f"num_sms must be >= 1 (got {num_sms})")
+    config.check_launch(n, num_sms)
+    a_scale = mn_major_scales(a_scale)
+    func = load(config, layout, num_groups=e, n=n, k=k, num_sms=num_sms, device=a.device)
+    device = device_index(a.device)
+    with torch.cuda.device(device):
+        drv = driver()
+        aligned = a_scale.stride(-1)
+        maps = (
+            tensor_map(drv, a.data_ptr(), UINT8, 1, k, c * e, k, BLOCK_K, config.block_m, 128),
+            tensor_map(drv, b.data_ptr(), UINT8, 1, k, n * e, k, BLOCK_K, config.block_n, 128),
+            tensor_map(drv, out.data_ptr(), BFLOAT16, 2, n, c * e, n, config.block_n,
+                        config.block_m, swizzle_mode(config.block_n)),
+            tensor_map(drv, a_scale.data_ptr(), FLOAT32, 4, aligned, (k // BLOCK_K) * e,
+                        aligned, config.block_m, 1, 0),
+        )
+        scalars = [ctypes.c_void_p(b_scale.data_ptr()), ctypes.c_void_p(masked_m.data_ptr()),
+                   ctypes.c_void_p(signal.data_ptr() if signal is not None else 0),
+                   ctypes.c_uint32(c), ctypes.c_uint32(n), ctypes.c_uint32(k)]
+        params = (ctypes.c_void_p * (len(scalars) + len(maps)))(
+            *[ctypes.addressof(v) for v in scalars], *[m.address for m in maps])
+        drv.launch(func, num_sms, config.threads, config.smem(k, layout is not None),
+                   torch.cuda.current_stream(device).cuda_stream, config.multicast, params)
