@@ -59,7 +59,7 @@ class _FormBuffer:
         given = {k: v for k, v in kwargs.items() if k not in _BASE_KWARGS}
         if not (given.get("overlap") and self._decision.down_gemm_overlap):
             return self._buffer.low_latency_combine(**base)
-        from sglang_overlap.kernels.deepep import combine_overlap_kwargs
+        from sglang_overlap.kernels.combine_overlap import combine_overlap_kwargs
 
         oa = self._oa
         overlap = combine_overlap_kwargs(

@@ -59,7 +59,7 @@ def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: s
     """The SBO decision for these flags on this machine (shared with `sglang-overlap check`)."""
     import torch
 
-    from sglang_overlap.kernels.deepep import check_combine_call, combine_overlap_kwargs
+    from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
 
     report = report or _state["report"] or probe()
     req = SboRequest(enabled=settings.enable_single_batch_overlap,

@@ -182,18 +182,18 @@ def test_plugin_overlap_kwargs_bind_and_run_on_real_combine(ep, e_local: int, t:
 
 
 def test_normal_mode_dispatch_combine(ep) -> None:
-    """Normal (intranode) mode through the plugin's DeepEPDispatcher, on >= 2 ranks."""
+    """Normal (intranode) mode through the plugin's HarnessDeepEPDispatcher, on >= 2 ranks."""
     if ep.world == 1:
         pytest.skip("DeepEP's normal (intranode) kernels are compiled for 2, 4 or 8 ranks only "
                     "(SWITCH_RANKS in csrc/kernels/launch.cuh): a one-rank buffer cannot run "
                     "them; run under torchrun --nproc-per-node 2+")
-    from sglang_overlap.kernels.deepep import DeepEPDispatcher, plan_deepep_buffer
+    from benchmarks.harness.deepep import HarnessDeepEPDispatcher, plan_deepep_buffer
 
     e_local, t = 8, 64
     e, x, idx, w = _case(ep, e_local, t, "random", seed=11)
     plan = plan_deepep_buffer(hidden=HIDDEN, num_experts=e, world_size=ep.world,
                               max_batch_per_rank=t, layouts=("normal",))
-    disp = DeepEPDispatcher.create(ep.group, plan)
+    disp = HarnessDeepEPDispatcher.create(ep.group, plan)
     pending = disp.dispatch_send(x, idx, w, layout="normal", slot=0)
     got = disp.dispatch_recv(pending)
     g = (got.row_expert.long() + ep.rank * e_local)  # [R] global ids, < rank*L for padding

@@ -162,9 +162,9 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int
 
 
 def _runner_pair(e: int, hidden: int, inter: int):
+    from benchmarks.harness.deepgemm_experts import DeepGemmExpertRunner
     from sglang_overlap.kernels import fp8
-    from sglang_overlap.kernels.deepgemm_experts import DeepGemmExpertRunner
-    from sglang_overlap.reference.experts import ReferenceExperts
+    from tests.oracle.experts import ReferenceExperts
 
     runner = DeepGemmExpertRunner(_weights(e, 2 * inter, hidden, 31),
                                   _weights(e, hidden, inter, 32))

@@ -1,4 +1,4 @@
-"""GPU: the full SBO MoE layer on real kernels (kernels/sbo_layer.py) with the installed DeepEP
+"""GPU: the full SBO MoE layer on real kernels (benchmarks/harness/sbo_layer.py) with the installed DeepEP
 tree's combine overlap form, at DeepSeek-V3 shapes (H 7168, I 2048, top-8).
 
 - serial equals a float32 torch reference of the same fp8 weights (fp8 tolerance);
@@ -32,7 +32,7 @@ _WEIGHTS: dict[int, object] = {}
 
 def _layer(ep, e_local: int, watchdog_s: float | None = WATCHDOG_S):
     pytest.importorskip("deep_gemm")
-    from sglang_overlap.kernels.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
+    from benchmarks.harness.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
 
     shape = MoeShape(num_experts=e_local * ep.world, world_size=ep.world,
                      num_max_dispatch_tokens_per_rank=N_MAX)
@@ -129,7 +129,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
     """Adversarial order: the send is launched first and spins; the producer (the served signal
     down GEMM, already loaded) comes 50 ms later on the host, or behind a 50 ms device sleep on
     its stream. The send must wait, then finish with the right rows."""
-    from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
+    from benchmarks.harness.sbo_watchdog import wait_or_raise
     from sglang_overlap.kernels.signal_gemm import new_signal
 
     torch.cuda._sleep(1000)  # load the sleep kernel now: a first launch may sync the context
@@ -153,7 +153,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
 def test_watchdog_names_stuck_units_and_releases(ep) -> None:
     """A counter past its final value never equals it (both trees compare with ==): the send
     spins, the watchdog raises naming the units, releases them, and the device stays usable."""
-    from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
+    from benchmarks.harness.sbo_watchdog import wait_or_raise
     from sglang_overlap.kernels.signal_gemm import new_signal
     from sglang_overlap.kernels.signals import SignalError
 

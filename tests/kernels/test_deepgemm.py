@@ -153,7 +153,7 @@ def test_combine_reference_by_hand() -> None:
 
 
 def test_engine_backends_import_without_triton_or_deep_gemm() -> None:
-    code = ("import sys; import sglang_overlap.kernels.deepgemm_experts,"
+    code = ("import sys; import benchmarks.harness.deepgemm_experts,"
             " sglang_overlap.kernels.signal_gemm,"
             " benchmarks.kernels.combine_consumer, sglang_overlap.kernels.fp8;"
             " bad = [m for m in ('triton', 'deep_gemm') if m in sys.modules]; print(bad);"

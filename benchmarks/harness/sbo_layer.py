@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import torch
 
+from benchmarks.harness.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels import deepgemm, fp8
 from sglang_overlap.kernels.combine_overlap import layout_overlap_kwargs
 from sglang_overlap.kernels.down_gemm import (
@@ -44,7 +45,6 @@ from sglang_overlap.kernels.down_gemm import (
     prepare_signal_down_gemm,
     signal_down_gemm,
 )
-from sglang_overlap.kernels.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels.signal_gemm import new_signal, num_sms
 from sglang_overlap.planning.sbo_layout import SboLayout, default_comm_num_sms
 from sglang_overlap.planning.sbo_path import CombineForm
