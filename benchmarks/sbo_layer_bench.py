@@ -1,5 +1,5 @@
-"""H200: the SBO MoE layer on DeepEP + DeepGEMM (benchmarks/harness/sbo_layer.py), per shape, for the
-deep_ep tree on PYTHONPATH (each tree in its own process):
+"""H200: the SBO MoE layer on DeepEP + DeepGEMM (benchmarks/harness/sbo_layer.py), per shape,
+for the deep_ep tree on PYTHONPATH (each tree in its own process):
 
     python benchmarks/sbo_layer_bench.py run [--shapes 8x1,32x256] [--out DIR]   # JSON lines
     python benchmarks/sbo_layer_bench.py table DIR/sbo_*.jsonl                   # markdown

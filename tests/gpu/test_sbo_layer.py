@@ -1,5 +1,5 @@
-"""GPU: the full SBO MoE layer on real kernels (benchmarks/harness/sbo_layer.py) with the installed DeepEP
-tree's combine overlap form, at DeepSeek-V3 shapes (H 7168, I 2048, top-8).
+"""GPU: the full SBO MoE layer on real kernels (benchmarks/harness/sbo_layer.py) with the
+installed DeepEP tree's combine overlap form, at DeepSeek-V3 shapes (H 7168, I 2048, top-8).
 
 - serial equals a float32 torch reference of the same fp8 weights (fp8 tolerance);
 - shared-expert overlap and full SBO equal serial;

@@ -22,6 +22,17 @@ def _plugins_loaded() -> None:
     load_plugins()
 
 
+@pytest.fixture(autouse=True)
+def tbo_on():
+    """The plugin's TBO on (--enable-two-batch-overlap); a test may switch it off."""
+    from sglang_overlap.settings import OverlapSettings
+    from sglang_overlap.sglang import state
+
+    state.configure(OverlapSettings(enable_two_batch_overlap=True))
+    yield lambda on: state.configure(OverlapSettings(enable_two_batch_overlap=on))
+    state.configure(None)
+
+
 @pytest.fixture()
 def threshold():
     moe = get_flags().moe
@@ -31,9 +42,9 @@ def threshold():
 
 
 @pytest.mark.parametrize(("name", "ours"), [
-    ("compute_split_seq_index", glue.compute_split_seq_index),
-    ("compute_split_token_index", glue.compute_split_token_index),
-    ("_is_two_chunk_split_enabled", glue.is_two_chunk_split_enabled),
+    ("compute_split_seq_index", glue.split_seq_index_hook),
+    ("compute_split_token_index", glue.split_token_index_hook),
+    ("_is_two_chunk_split_enabled", glue.two_chunk_hook),
 ])
 def test_sglang_split_functions_are_the_plugins(name: str, ours) -> None:
     fn = getattr(tbo, name)
@@ -71,6 +82,14 @@ def test_boundary_cut_is_a_plain_split_deliberately(threshold) -> None:
     assert tbo.compute_split_token_index(1, ForwardMode.EXTEND, [2, 3], None) == 2
     assert not tbo._is_two_chunk_split_enabled([2, 3])
     assert inspect.unwrap(tbo._is_two_chunk_split_enabled)([2, 3])
+
+
+def test_with_tbo_off_upstream_decides(threshold, tbo_on) -> None:
+    """The hooks hand straight back to upstream when the plugin's TBO is off."""
+    threshold(0.48)
+    tbo_on(False)
+    assert tbo._is_two_chunk_split_enabled([2, 3])  # upstream's own answer (see above)
+    assert tbo.compute_split_seq_index(ForwardMode.DECODE, 7, None, 1) == 3
 
 
 @pytest.mark.parametrize(("mode", "tokens", "tnps", "expected"), [
