@@ -4,7 +4,7 @@
   the plugin's all-to-all impls (`torch_a2a.py`) instead of DeepEP's buffers.
 * `_DeepEPDispatcherImplLowLatency._combine_core` (around), on the plugin's SBO path: upstream's
   own combine runs, on a view of its DeepEP buffer whose `low_latency_combine` receives the
-  overlap kwargs of the form the installed deep_ep declares (`kernels.deepep.
+  overlap kwargs of the form the installed deep_ep declares (`kernels.combine_overlap.
   combine_overlap_kwargs`) in place of the per-block Hopper kwargs upstream passes.
 """
 
@@ -22,7 +22,8 @@ DEEPEP = "sglang.srt.layers.moe.token_dispatcher.deepep"
 DISPATCHER_INIT = f"{DEEPEP}.DeepEPDispatcher.__init__"
 LL_COMBINE_CORE = f"{DEEPEP}._DeepEPDispatcherImplLowLatency._combine_core"
 
-# What upstream passes to low_latency_combine besides the overlap kwargs.
+# What upstream passes to low_latency_combine besides the overlap kwargs (read back from the
+# pinned `_combine_core` by tests/sglang/test_deepep_dispatcher.py).
 _BASE_KWARGS = frozenset({"x", "topk_idx", "topk_weights", "handle", "async_finish",
                           "return_recv_hook"})
 
