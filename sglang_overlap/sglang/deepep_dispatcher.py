@@ -61,8 +61,11 @@ class _FormBuffer:
         if not (given.get("overlap") and self._decision.down_gemm_overlap):
             return self._buffer.low_latency_combine(**base)
         from sglang_overlap.kernels.combine_overlap import combine_overlap_kwargs
+        from sglang_overlap.sglang.sbo_decision import check_signal_raised
 
         oa = self._oa
+        if self._decision.gemm_signal_source == "plugin":
+            check_signal_raised(oa.signal)
         overlap = combine_overlap_kwargs(
             self._decision.combine_form, signal=oa.signal, expect_value=int(oa.threshold or 0),
             packed_recv_count=given.get("packed_recv_count"), block_m=given.get("block_m"),

@@ -51,3 +51,34 @@ def test_the_repeated_side_effect_is_what_the_pinned_function_does() -> None:
     targets = {ast.unparse(t) for n in ast.walk(_tree(utils.initialize_moe_config))
                if isinstance(n, ast.Assign) for t in n.targets}
     assert "moe.sbo_enabled" in targets, targets
+
+
+def test_a_send_whose_producer_never_launched_raises_instead_of_spinning() -> None:
+    import torch
+
+    from sglang_overlap.planning.sbo_path import SboDecision, SboPath
+    from sglang_overlap.sglang import sbo_decision
+
+    class Buffer:
+        calls = 0
+
+        def low_latency_combine(self, **kwargs: object) -> str:
+            Buffer.calls += 1
+            return "combined"
+
+    class Args:
+        signal, threshold, num_sms = torch.zeros(4, dtype=torch.int32), 16, 3
+
+    decision = SboDecision(SboPath.PER_EXPERT, "t", granularity="expert",
+                           gemm_signal_source="plugin", combine_form="per_expert")
+    buf = deepep_dispatcher._FormBuffer(Buffer(), decision, Args())
+    base = dict(x=0, topk_idx=0, topk_weights=0, handle=0, async_finish=False,
+                return_recv_hook=True)
+    sbo_decision.note_signal_raised(torch.zeros(4, dtype=torch.int32))  # another step's signal
+    with pytest.raises(RuntimeError, match="no down GEMM of this step"):
+        buf.low_latency_combine(**base, overlap=True)
+    assert Buffer.calls == 0
+    sbo_decision.note_signal_raised(Args.signal)
+    assert buf.low_latency_combine(**base, overlap=True) == "combined"
+    with pytest.raises(RuntimeError):  # one producer launch, one send
+        buf.low_latency_combine(**base, overlap=True)
