@@ -194,11 +194,6 @@ def flag_name(field_name: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def plugin_fields() -> list[dataclasses.Field[Any]]:
-    """Fields whose flags the plugin adds (SGLang already has the upstream ones)."""
-    return [f for f in _fields() if not f.metadata["upstream"]]
-
-
 def upstream_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in _fields() if f.metadata["upstream"]]
 

@@ -13,7 +13,6 @@ from sglang_overlap.settings import (
     SettingsError,
     add_arguments,
     flag_name,
-    plugin_fields,
     upstream_fields,
     validate_settings,
 )
@@ -43,7 +42,6 @@ def test_upstream_names_are_sglangs() -> None:
         "--tbo-token-distribution-threshold",
         "--moe-a2a-backend",
     }
-    assert all(flag_name(f.name) not in {"--enable-two-batch-overlap"} for f in plugin_fields())
 
 
 def test_defaults_are_upstream_behaviour() -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.gpu.conftest import HIDDEN, N_MAX
+from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -93,8 +94,9 @@ def test_ll_dispatch_matches_torch(ep, e_local: int, t: int, kind: str, use_fp8:
         n = len(want)
         if use_fp8:
             q, s = recv
-            got_x = fp8.dequant_per_token_group(q[le, :n], s[le, :n], torch.float32)
-            ours = fp8.dequant_per_token_group(*fp8.quant_per_token_group(src), torch.float32)
+            got_x = oracle_fp8.dequant_per_token_group(q[le, :n], s[le, :n], torch.float32)
+            ours = oracle_fp8.dequant_per_token_group(*fp8.quant_per_token_group(src),
+                                                      torch.float32)
             rel = float((got_x - src.float()).norm() / src.float().norm())
             rel_ours = float((got_x - ours).norm() / ours.norm())
             assert rel <= FP8_REL and rel_ours <= 1e-2, f"{e_local=} {t=} {kind=} {rel=}"

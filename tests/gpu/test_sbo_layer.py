@@ -18,6 +18,7 @@ import torch
 
 from tests.gpu.conftest import N_MAX
 from tests.gpu.test_deepep_kernels import routing
+from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -54,7 +55,6 @@ def _inputs(ep, layer, t: int, kind: str, seed: int):
 def reference(layer, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """float32: shared(x) + sum_k w * down(silu(gate) * up) over this rank's local experts,
     with the fp8 weights dequantised (one rank: every expert is local)."""
-    from sglang_overlap.kernels import fp8
 
     assert layer.shape.world_size == 1, "the torch reference covers one rank"
     ew = layer.weights.experts
@@ -64,8 +64,8 @@ def reference(layer, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> tor
         tok, k = (idx == e).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        w13 = fp8.dequant_per_block(ew.w13[e:e + 1], ew.w13_scale[e:e + 1], torch.float32)[0]
-        w2 = fp8.dequant_per_block(ew.w2[e:e + 1], ew.w2_scale[e:e + 1], torch.float32)[0]
+        w13 = oracle_fp8.dequant_per_block(ew.w13[e:e + 1], ew.w13_scale[e:e + 1], torch.float32)[0]
+        w2 = oracle_fp8.dequant_per_block(ew.w2[e:e + 1], ew.w2_scale[e:e + 1], torch.float32)[0]
         gate, up = (xf[tok] @ w13.t()).chunk(2, dim=-1)
         y = (torch.nn.functional.silu(gate) * up) @ w2.t()
         out.index_add_(0, tok, y * w[tok, k, None])
