@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.server_args")
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402

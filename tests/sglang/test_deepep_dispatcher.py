@@ -11,8 +11,9 @@ import textwrap
 
 import pytest
 
-deepep = pytest.importorskip("sglang.srt.layers.moe.token_dispatcher.deepep",
-                             reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+deepep = require_module("sglang.srt.layers.moe.token_dispatcher.deepep")
 
 from sglang_overlap.sglang import deepep_dispatcher, hooks, moe_utils  # noqa: E402
 

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.server_args")
 
 from sglang_overlap.sglang import guard, hooks  # noqa: E402
 

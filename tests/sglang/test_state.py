@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.srt.runtime_context", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.runtime_context")
 
 from sglang.srt.runtime_context import create_context, use_context  # noqa: E402
 

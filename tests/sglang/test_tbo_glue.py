@@ -7,8 +7,9 @@ import inspect
 
 import pytest
 
-tbo = pytest.importorskip("sglang.srt.batch_overlap.two_batch_overlap",
-                          reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+tbo = require_module("sglang.srt.batch_overlap.two_batch_overlap")
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
