@@ -5,11 +5,9 @@ Each glue module is named after the upstream module it hooks and exposes `HOOKS`
 `HookRegistry`. Each spec belongs to one feature (`FEATURES`); the version guard turns a feature
 off when any of its pins changed (`guard.py`), and its flags are then refused.
 
-With no overlap flag set a server behaves exactly like one without the plugin: BEFORE, AFTER and
-AROUND hooks whose mode is off hand straight back to the original function; the three REPLACE
-hooks of `two_batch_overlap.py` always run the plugin's planner, which gives upstream's TBO split
-and two-chunk decision (tests/sglang/test_tbo_glue.py compares them), and upstream only calls them
-where TBO is on.
+With no overlap flag set a server behaves exactly like one without the plugin: every hook is a
+BEFORE, AFTER or AROUND hook whose mode is off hands straight back to the original function (the
+TBO split functions included: `two_batch_overlap.py` answers them only with the plugin's TBO on).
 """
 
 from __future__ import annotations

@@ -111,3 +111,10 @@ def test_inconsistent_split_index_is_refused(threshold) -> None:
     threshold(0.48)
     with pytest.raises(ValueError, match="not the planned"):
         glue.compute_split_token_index(0, ForwardMode.EXTEND, [498, 502], None)
+
+
+def test_no_hook_replaces_upstream_outright() -> None:
+    """hooks.py's promise: with its mode off every hook hands back to upstream's function."""
+    from sglang_overlap.sglang import hooks
+
+    assert [s.target for s in hooks.all_specs() if s.kind == "replace"] == []
