@@ -120,18 +120,19 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
     import torch
 
     from benchmarks.kernels.combine_consumer import combine_consume, combine_reference
-    from sglang_overlap.kernels import deepgemm, fp8, signal_sliced
+    from sglang_overlap.kernels import deepgemm, signal_sliced
     from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
     from sglang_overlap.kernels.signal_fused import SignalGemmConfig, grouped_gemm_fp8_signal
     from sglang_overlap.kernels.signals import new_signal
     from sglang_overlap.planning.sbo_layout import plan_sbo_layout
+    from tests.oracle import fp8 as oracle_fp8
 
     sms = num_sms()
     cap = capacity(m)
     a, a_s, b, b_s, masked = down_operands(e, cap, m, seed=e * 1000 + m)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
-    ref = torch.bmm(fp8.dequant_per_token_group(a[:, :m], a_s[:, :m]),
-                    fp8.dequant_per_block(b, b_s).transpose(1, 2))  # [E, M, N] fp64
+    ref = torch.bmm(oracle_fp8.dequant_per_token_group(a[:, :m], a_s[:, :m]),
+                    oracle_fp8.dequant_per_block(b, b_s).transpose(1, 2))  # [E, M, N] fp64
     res: dict = {"E": e, "M": m, "capacity": cap, "sms": sms, "comm_sms": comm_sms}
 
     def diff() -> float:

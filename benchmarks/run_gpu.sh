@@ -121,7 +121,7 @@ for tree in "${tree_list[@]}"; do
   PYTHONPATH=$tree:$PYTHONPATH python3 -c "
 from sglang_overlap.kernels.capabilities import probe_package, combine_forms
 p = probe_package('deep_ep', ('Buffer.low_latency_combine',))
-from sglang_overlap.kernels.deepep import load_deep_ep
+from benchmarks.harness.deepep import load_deep_ep
 try:
     load_deep_ep(); ok = 'loads'
 except RuntimeError as exc:

@@ -25,8 +25,8 @@ def init(num_experts_max: int = E_LOCAL_MAX, n: int = N_MAX) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from benchmarks.harness.deepep import load_deep_ep
     from sglang_overlap.kernels.capabilities import combine_forms, read_params
-    from sglang_overlap.kernels.deepep import load_deep_ep
 
     env_defaults()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -76,10 +76,10 @@ def warm_experts(jobs: list[tuple[int, int]]) -> None:
     forms' SM splits, without DeepEP: the expert path on random data."""
     import torch
 
+    from benchmarks.harness.sbo_layer import MoeShape, MoeWeights
     from sglang_overlap.kernels import deepgemm, fp8
     from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
     from sglang_overlap.kernels.down_gemm import combine_signal_layout, signal_down_gemm
-    from sglang_overlap.kernels.sbo_layer import MoeShape, MoeWeights
     from sglang_overlap.kernels.signals import new_signal
 
     for e, t in jobs:

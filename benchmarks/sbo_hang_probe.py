@@ -44,8 +44,8 @@ def say(what: str) -> None:
 def one(name: str, release_s: float) -> dict:
     import torch
 
-    from sglang_overlap.kernels.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
-    from sglang_overlap.kernels.sbo_watchdog import release, wait_event
+    from benchmarks.harness.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
+    from benchmarks.harness.sbo_watchdog import release, wait_event
 
     ctx = init(num_experts_max=8)
     e, t = 8, (32 if name.endswith("fused") else 128)  # E 8: T 32 -> fused, T 128 -> sliced

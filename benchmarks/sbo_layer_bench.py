@@ -1,5 +1,5 @@
-"""H200: the SBO MoE layer on DeepEP + DeepGEMM (kernels/sbo_layer.py), per shape, for the
-deep_ep tree on PYTHONPATH (each tree in its own process):
+"""H200: the SBO MoE layer on DeepEP + DeepGEMM (benchmarks/harness/sbo_layer.py), per shape,
+for the deep_ep tree on PYTHONPATH (each tree in its own process):
 
     python benchmarks/sbo_layer_bench.py run [--shapes 8x1,32x256] [--out DIR]   # JSON lines
     python benchmarks/sbo_layer_bench.py table DIR/sbo_*.jsonl                   # markdown
@@ -74,7 +74,7 @@ def timed(fn: Callable[[], object], trials: int = 5, reps: int = 20,
 def bench_shape(ctx: dict, e: int, t: int) -> dict:
     import torch
 
-    from sglang_overlap.kernels.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
+    from benchmarks.harness.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
 
     shape = MoeShape(num_experts=e * ctx["world"], world_size=ctx["world"],
                      num_max_dispatch_tokens_per_rank=N_MAX)

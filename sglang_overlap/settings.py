@@ -194,11 +194,6 @@ def flag_name(field_name: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def plugin_fields() -> list[dataclasses.Field[Any]]:
-    """Fields whose flags the plugin adds (SGLang already has the upstream ones)."""
-    return [f for f in _fields() if not f.metadata["upstream"]]
-
-
 def upstream_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in _fields() if f.metadata["upstream"]]
 
@@ -284,7 +279,7 @@ def validate_settings(s: OverlapSettings, d: ServerFacts) -> list[str]:
     has_a2a = d.moe_a2a_backend not in ("none", "", None)
     if d.moe_a2a_backend == "torch_a2a" and d.tp_size < 2:
         errors.append("--moe-a2a-backend torch_a2a needs --tp 2 or more (experts are spread over "
-                      f"the tensor-parallel ranks; got --tp {d.tp_size})")
+                      f"the tensor-parallel ranks, got --tp {d.tp_size})")
     if s.enable_single_batch_overlap and not has_a2a:
         errors.append(
             "--enable-single-batch-overlap needs an expert-parallel all-to-all backend: "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -19,6 +21,19 @@ def prerequisite_missing(reason: str) -> None:
     if os.environ.get("SGLANG_OVERLAP_REQUIRE_E2E") == "1":
         pytest.fail(f"test prerequisites missing (SGLANG_OVERLAP_REQUIRE_E2E=1): {reason}")
     pytest.skip(reason)
+
+
+def require_module(name: str, reason: str = "sglang 0.5.23 is not installed") -> ModuleType:
+    """`pytest.importorskip` at module level, except that under SGLANG_OVERLAP_REQUIRE_E2E=1 a
+    missing module fails the file instead of skipping every test in it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing = f"{reason} ({name}: {exc})"
+    if os.environ.get("SGLANG_OVERLAP_REQUIRE_E2E") == "1":
+        pytest.fail(f"test prerequisites missing (SGLANG_OVERLAP_REQUIRE_E2E=1): {missing}",
+                    pytrace=False)
+    pytest.skip(missing, allow_module_level=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,12 @@ Read from the source (every import statement, those inside functions too), so a 
 breaks a rule is caught as well:
 
 - planning/: pure Python, imports nothing of the package but planning/ (no torch, no sglang);
-- kernels/ (what the server runs) and reference/ (the oracle that checks it): never the glue, the
-  commands or sglang; kernels/ never reference/;
-- sglang/ (the glue, the only importer of sglang): never reference/.
+- kernels/ (what the server runs): never the glue, the commands or sglang;
+- sglang/ (the glue): the only importer of sglang;
+- nothing in the package imports `tests` or `benchmarks` (what only they run: the oracle
+  `tests/oracle/`, the GPU harness `benchmarks/harness/`);
+- the oracle and the harness: never sglang or the glue; the oracle shares no code with what it
+  checks (`kernels.layouts`, the dispatchers).
 """
 
 from __future__ import annotations
@@ -16,22 +19,28 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sglang_overlap"
+ROOT = Path(__file__).resolve().parents[1]
+TREES = (ROOT / "sglang_overlap", ROOT / "tests" / "oracle", ROOT / "benchmarks" / "harness")
 HEAVY = {"torch", "triton", "numpy", "sglang", "deep_ep", "deep_gemm"}
-# layer -> the package's top-level parts it must not import
+GLUE = {"sglang", "cli", "launch", "evals", "plugin"}
+# layer -> the package's parts it must not import
 FORBIDDEN = {
-    "kernels": {"sglang", "reference", "cli", "launch", "evals", "plugin"},
-    "reference": {"sglang", "cli", "launch", "evals", "plugin"},
-    "sglang": {"reference"},
+    "kernels": GLUE,
+    "oracle": GLUE | {"kernels.layouts", "kernels.a2a", "kernels.experts"},
+    "harness": GLUE,
 }
+NOT_SERVED = {"tests", "benchmarks"}
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = path
+    for tree in TREES:
+        for path in sorted(tree.rglob("*.py")):
+            if path.name.startswith("test_"):
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
     return out
 
 
@@ -57,11 +66,13 @@ def _layer(module: str) -> str:
 
 
 def _violations(module: str, imported: list[str]) -> list[str]:
-    layer, bad = _layer(module), []
+    layer, served, bad = _layer(module), module.startswith("sglang_overlap"), []
     for name in imported:
         top = name.split(".")[0]
-        if top == "sglang" and layer != "sglang":
+        if top == "sglang" and not (served and layer == "sglang"):
             bad.append(f"{module} imports {name}: only sglang_overlap.sglang imports sglang")
+        if served and top in NOT_SERVED:
+            bad.append(f"{module} imports {name}: the package never imports {top}/")
         if layer == "planning" and top in HEAVY:
             bad.append(f"{module} imports {name}: planning/ is pure Python")
         if top != "sglang_overlap" or "." not in name:
@@ -69,14 +80,16 @@ def _violations(module: str, imported: list[str]) -> list[str]:
         target = name.split(".")[1]
         if layer == "planning" and target != "planning":
             bad.append(f"{module} imports {name}: planning/ imports only planning/")
-        if target in FORBIDDEN.get(layer, set()):
-            bad.append(f"{module} imports {name}: {layer}/ must not import {target}")
+        inner = name.partition(".")[2]  # "kernels.layouts.pack"
+        for part in sorted(FORBIDDEN.get(layer, set())):
+            if inner == part or inner.startswith(part + "."):
+                bad.append(f"{module} imports {name}: {layer} must not import {part}")
     return bad
 
 
 def test_the_scan_sees_the_package() -> None:
     for name in ("sglang_overlap.planning.gating", "sglang_overlap.kernels.down_gemm",
-                 "sglang_overlap.reference.executors", "sglang_overlap.sglang.hooks"):
+                 "tests.oracle.executors", "sglang_overlap.sglang.hooks"):
         assert name in MODULES
     assert "torch" in _imports(MODULES["sglang_overlap.kernels.down_gemm"], top_level_only=True)
 
@@ -90,8 +103,12 @@ def test_layers_import_downward_only(module: str) -> None:
     ("sglang_overlap.planning.gating", ["torch"]),
     ("sglang_overlap.planning.gating", ["sglang_overlap.kernels.fp8"]),
     ("sglang_overlap.kernels.down_gemm", ["sglang_overlap.sglang.state"]),
-    ("sglang_overlap.kernels.down_gemm", ["sglang_overlap.reference.experts"]),
-    ("sglang_overlap.sglang.sbo_decision", ["sglang_overlap.reference.router"]),
+    ("sglang_overlap.kernels.down_gemm", ["tests.oracle.experts"]),
+    ("sglang_overlap.sglang.sbo_decision", ["tests.oracle.router"]),
+    ("sglang_overlap.kernels.down_gemm", ["benchmarks.harness.sbo_watchdog"]),
+    ("tests.oracle.experts", ["sglang_overlap.kernels.layouts"]),
+    ("tests.oracle.experts", ["sglang_overlap.sglang.state"]),
+    ("benchmarks.harness.sbo_layer", ["sglang.srt.utils"]),
     ("sglang_overlap.cli.check", ["sglang.srt.plugins"]),
 ])
 def test_a_broken_rule_is_caught(module: str, imported: list[str]) -> None:

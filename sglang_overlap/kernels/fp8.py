@@ -1,7 +1,8 @@
 """FP8 (e4m3) block quantisation as DeepGEMM's Hopper recipe wants it, plus SiLU-and-mul + quant.
 
 Recipe (1, 128, 128): activations carry one fp32 scale per token per 128 channels of K, weights
-one fp32 scale per 128 x 128 block. Torch functions here are the reference path and run anywhere;
+one fp32 scale per 128 x 128 block. The quantisers are torch and run anywhere (their inverses,
+for the fp64 checks, are the oracle's: `tests/oracle/fp8.py`);
 `silu_and_mul_quant` is a Triton kernel (imported lazily, so this module imports without Triton).
 
 Legend: E local experts, M rows per expert (capacity), T tokens, K reduction dim, N output dim,
@@ -58,26 +59,6 @@ def quant_per_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-4) / FP8_MAX  # [E, N/128, G]
     q = (blocks / scale[:, :, None, :, None]).to(FP8).view(e, n_pad, k)[:, :n].contiguous()
     return q, scale
-
-
-def dequant_per_token_group(q: torch.Tensor, scale: torch.Tensor,
-                            dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Inverse of `quant_per_token_group` in `dtype` (the fp64 reference uses this)."""
-    g = q.to(dtype).unflatten(-1, (q.shape[-1] // GROUP, GROUP))
-    return (g * scale.to(dtype).unsqueeze(-1)).flatten(-2)
-
-
-def dequant_per_block(q: torch.Tensor, scale: torch.Tensor,
-                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Inverse of `quant_per_block` in `dtype`."""
-    s = scale.to(dtype).repeat_interleave(GROUP, dim=1)[:, : q.shape[1]]
-    return q.to(dtype) * s.repeat_interleave(GROUP, dim=2)
-
-
-def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
-    """`[..., 2I]` -> `[..., I]` float32: silu(gate) * up, as the fused kernel computes it."""
-    gate, up = x.float().chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
 
 
 _KERNEL: Any = None

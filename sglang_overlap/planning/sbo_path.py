@@ -28,7 +28,7 @@ Plain Python; no torch, no sglang.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 Arch = Literal["sm90", "sm100", "cpu", "other"]
@@ -40,7 +40,7 @@ PER_BLOCK_ARGS = ("packed_recv_count", "comp_signal", "block_m", "threshold", "n
 PER_EXPERT_ARGS = ("overlap", "src_signals", "src_signal_expect_value")
 
 
-class SboPath(str, Enum):
+class SboPath(StrEnum):
     OFF = "off"
     FINE_GRAINED = "fine_grained"
     PER_EXPERT = "per_expert"

@@ -18,14 +18,14 @@ from __future__ import annotations
 import functools
 from array import array
 from collections.abc import Sequence
-from enum import Enum
+from enum import StrEnum
 from operator import add, sub
 from typing import NamedTuple
 
 from sglang_overlap.planning.two_chunk import check_threshold, plan_extend_split, prefix_sums
 
 
-class ForwardKind(str, Enum):
+class ForwardKind(StrEnum):
     """The forward modes TBO plans for (SGLang's ForwardMode, reduced to what matters here)."""
 
     EXTEND = "extend"

@@ -27,13 +27,12 @@ class TwoChunkCut:
 
     Child A takes sequences [0, seq_index] and tokens [0, token_index); child B takes sequences
     [seq_index, n) and tokens [token_index, total). Request `seq_index` appears in both: its first
-    `left_len` extend tokens go to A, the remaining `right_len` to B.
+    `left_len` extend tokens go to A, the rest to B.
     """
 
     seq_index: int
     token_index: int  # = total // 2
     left_len: int  # tokens of request seq_index that child A computes (0: cut on a boundary)
-    right_len: int  # >= 1: tokens of request seq_index that child B computes
 
 
 def check_threshold(threshold: float) -> None:
@@ -110,8 +109,7 @@ def _cut_from_cum(extend_lens: Sequence[int], cum: list[int],
     if seq_index + 1 > half:
         return None  # upstream's guard: child A would hold more sequences than query tokens
     left_len = half - cum[seq_index]
-    return TwoChunkCut(seq_index=seq_index, token_index=half, left_len=left_len,
-                       right_len=extend_lens[seq_index] - left_len)
+    return TwoChunkCut(seq_index=seq_index, token_index=half, left_len=left_len)
 
 
 def plan_two_chunk_cut(extend_lens: Sequence[int], threshold: float) -> TwoChunkCut | None:

@@ -1,4 +1,4 @@
-"""Glue to SGLang 0.5.23: the only package that imports sglang; never imports `reference/`.
+"""Glue to SGLang 0.5.23: the only package that imports sglang (never the oracle or the harness).
 
 One file per upstream module hooked (what a maintainer diffs when SGLang is upgraded):
     server_args.py           sglang.srt.server_args: the flags, validation, torch_a2a resolution
@@ -8,6 +8,8 @@ One file per upstream module hooked (what a maintainer diffs when SGLang is upgr
     dp_attn.py               ...managers.scheduler_components.dp_attn: --overlap-gating auto
     model_runner.py          ...model_executor.model_runner: the gate built at start, steps timed
     internal_state.py        ...managers.scheduler_components.internal_state: the learned table
+    request_receiver.py      ...managers.scheduler_components.request_receiver: gate measurements
+                             ride the request broadcast
     forward_batch_info.py    ...model_executor.forward_batch_info: CPU padding fill value
     deepep_dispatcher.py     ...layers.moe.token_dispatcher.deepep: torch_a2a impls, SBO combine
     ep_moe.py                ...layers.moe.ep_moe.layer: torch_a2a experts

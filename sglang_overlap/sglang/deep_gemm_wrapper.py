@@ -20,11 +20,13 @@ def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected
         return orig(lhs, rhs, out, masked_m, expected_m, overlap_args=overlap_args,
                     max_block_n=max_block_n, recipe_a=recipe_a, recipe_b=recipe_b)
     from sglang_overlap.kernels import down_gemm
+    from sglang_overlap.sglang.sbo_decision import note_signal_raised
 
     (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
     down_gemm.signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, expected_m,
                                signal=overlap_args.signal, layout=layout,
                                compute_num_sms=overlap_args.num_sms)
+    note_signal_raised(overlap_args.signal)  # launched: the combine send may now spin on it
     if layout.granularity == "block":
         return layout.block_m, layout.expect_value
     return None  # per expert: the combine needs no block_m / threshold
@@ -33,5 +35,5 @@ def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(MASKED_GEMM, masked_gemm, "around",
              "the SBO down GEMM is kernels.down_gemm (deep_gemm wheels lack the signal kwargs)",
-             "src:9c69ce307233"),
+             "src:9c69ce307233", feature="sbo"),
 )

@@ -4,7 +4,7 @@
   the plugin's all-to-all impls (`torch_a2a.py`) instead of DeepEP's buffers.
 * `_DeepEPDispatcherImplLowLatency._combine_core` (around), on the plugin's SBO path: upstream's
   own combine runs, on a view of its DeepEP buffer whose `low_latency_combine` receives the
-  overlap kwargs of the form the installed deep_ep declares (`kernels.deepep.
+  overlap kwargs of the form the installed deep_ep declares (`kernels.combine_overlap.
   combine_overlap_kwargs`) in place of the per-block Hopper kwargs upstream passes.
 """
 
@@ -22,7 +22,8 @@ DEEPEP = "sglang.srt.layers.moe.token_dispatcher.deepep"
 DISPATCHER_INIT = f"{DEEPEP}.DeepEPDispatcher.__init__"
 LL_COMBINE_CORE = f"{DEEPEP}._DeepEPDispatcherImplLowLatency._combine_core"
 
-# What upstream passes to low_latency_combine besides the overlap kwargs.
+# What upstream passes to low_latency_combine besides the overlap kwargs (read back from the
+# pinned `_combine_core` by tests/sglang/test_deepep_dispatcher.py).
 _BASE_KWARGS = frozenset({"x", "topk_idx", "topk_weights", "handle", "async_finish",
                           "return_recv_hook"})
 
@@ -59,9 +60,12 @@ class _FormBuffer:
         given = {k: v for k, v in kwargs.items() if k not in _BASE_KWARGS}
         if not (given.get("overlap") and self._decision.down_gemm_overlap):
             return self._buffer.low_latency_combine(**base)
-        from sglang_overlap.kernels.deepep import combine_overlap_kwargs
+        from sglang_overlap.kernels.combine_overlap import combine_overlap_kwargs
+        from sglang_overlap.sglang.sbo_decision import check_signal_raised
 
         oa = self._oa
+        if self._decision.gemm_signal_source == "plugin":
+            check_signal_raised(oa.signal)
         overlap = combine_overlap_kwargs(
             self._decision.combine_form, signal=oa.signal, expect_value=int(oa.threshold or 0),
             packed_recv_count=given.get("packed_recv_count"), block_m=given.get("block_m"),
@@ -90,8 +94,8 @@ def combine_core(orig: Any, self: Any, hidden_states: Any, topk_ids: Any,
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(DISPATCHER_INIT, dispatcher_init, "around",
              "torch_a2a: DeepEPDispatcher builds all-to-all impls instead of DeepEP buffers",
-             "src:438d018e7991"),
+             "src:438d018e7991", feature="torch_a2a"),
     HookSpec(LL_COMBINE_CORE, combine_core, "around",
              "upstream's combine, with the overlap kwargs of the installed deep_ep's form",
-             "src:9bda193b63ce"),
+             "src:9bda193b63ce", feature="sbo"),
 )

@@ -24,11 +24,14 @@ from sglang_overlap import stats
 from sglang_overlap.planning.step_table import MODES
 from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
 from sglang_overlap.sglang import gate, state
-from sglang_overlap.sglang.hooks import HookSpec
+from sglang_overlap.sglang.hooks import HookSpec, Pin
 
 logger = logging.getLogger("sglang_overlap")
 
 UPDATE_GATHER_BATCH = "sglang.srt.managers.scheduler_components.dp_attn._update_gather_batch"
+# The row tp0_info_cpu gathers per rank (its column order is pinned: step_phase reads column 5)
+TP0_INFO_COLUMNS = ("sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo."
+                    "_get_local_tensor")
 
 _PREFILL_MODES: set[int] = set()
 _STATS_KEY = {m: f"gate_{m}" for m in MODES}
@@ -108,5 +111,7 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(UPDATE_GATHER_BATCH, gate_step, "before",
              "--overlap-gating auto: the gate decides TBO per step, same on every rank",
-             "src:bb69194a0d6e"),
+             "src:bb69194a0d6e", feature="gate",
+             relies_on=(Pin(TP0_INFO_COLUMNS, "src:cbbfe0e6d4b9",
+                            "step_phase: column 5 of tp0_info_cpu is local_forward_mode"),)),
 )

@@ -6,8 +6,13 @@ comments do not count, any change of code does. `check` reads a target from its 
 where its module is already imported (what will actually be hooked), else from the installed
 sglang's file with `ast` (nothing is imported, so it is cheap enough for `register()` in every
 process), and reports the first thing that does not match: the version, a target that is gone, or
-a target whose code changed. `register()` installs no serving hook unless the check passes; see
-`server_args.py` for what happens to overlap flags then.
+a target whose code changed.
+
+`check_features` does the same per feature (`hooks.FEATURES`): the first changed pin of a feature
+turns that feature off (`register()` installs none of its hooks, `server_args.py` refuses its
+flags naming the pin); a changed pin of a CPU-only hook turns its feature off only on CPU
+servers; a wrong version, or a changed pin of "args" or of `hooks.SHARED_PINS`, turns every
+feature off.
 
 Upgrading SGLang: run `python -m sglang_overlap.sglang.guard`, read the upstream diff of every
 target it lists as changed, adapt the hook, then paste the new fingerprint.
@@ -24,6 +29,7 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SUPPORTED_SGLANG = ("0.5.23",)
 
@@ -114,6 +120,8 @@ def _live(module: object, attrs: list[str]) -> object:
         obj = inspect.getattr_static(obj, name, None)
         if obj is None:
             return None
+    if isinstance(obj, property):
+        obj = obj.fget
     return inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
 
 
@@ -166,13 +174,75 @@ def check(pins: Iterable[tuple[str, str]], version: str | None = None) -> GuardR
         return GuardResult(version, "the sglang package directory is not found")
     sources = _Sources(root)
     for target, want in pins:
-        got = fingerprint(sources, target)
-        if got is None:
-            return GuardResult(version, f"hook target {target} does not exist")
-        if got != want:
-            return GuardResult(version, f"hook target {target} changed (source fingerprint "
-                                        f"{got}, the hook was written for {want})")
+        problem = _pin_problem(sources, target, want)
+        if problem is not None:
+            return GuardResult(version, problem)
     return GuardResult(version, None)
+
+
+@dataclass(frozen=True)
+class FeatureVerdict:
+    """Which features the installed sglang can serve."""
+
+    installed: str | None
+    off: dict[str, str]
+    """feature -> the first problem found, in words (every feature is here when all are off)."""
+    off_on_cpu: dict[str, str]
+    """feature -> the first changed pin of its CPU-only hooks (off on CPU servers only)."""
+    changed_targets: frozenset[str]
+    """Hooked targets whose own pins changed: never installed."""
+
+    def message(self, feature: str, *, cpu: bool = False) -> str | None:
+        """The guard's message for `feature` on this server, None when it can be served."""
+        problem = self.off.get(feature) or (self.off_on_cpu.get(feature) if cpu else None)
+        if problem is None:
+            return None
+        return GuardResult(self.installed, problem).message()
+
+
+def check_features(specs: Iterable[Any], shared: Iterable[Any] = (),
+                   version: str | None = None) -> FeatureVerdict:
+    """Check `specs` (HookSpec / ResolutionSpec: `.feature`, `.pins()`, `.cpu_only`) and the
+    `shared` pins (`.target`, `.fingerprint`) against the installed sglang."""
+    specs = list(specs)
+    features = {s.feature for s in specs}
+    first = check([], version)
+    if not first.ok:
+        return FeatureVerdict(first.installed, dict.fromkeys(features, str(first.mismatch)), {},
+                              frozenset(s.target if hasattr(s, "target") else s.step_target
+                                        for s in specs))
+    sources = _Sources(_sglang_dir())  # type: ignore[arg-type]  # check() found it
+    off: dict[str, str] = {}
+    off_on_cpu: dict[str, str] = {}
+    changed: set[str] = set()
+    for pin in shared:
+        problem = _pin_problem(sources, pin.target, pin.fingerprint)
+        if problem is not None:
+            return FeatureVerdict(first.installed, dict.fromkeys(features, problem), {},
+                                  frozenset())
+    for spec in specs:
+        for i, pin in enumerate(spec.pins()):
+            problem = _pin_problem(sources, pin.target, pin.fingerprint)
+            if problem is None:
+                continue
+            if i == 0:
+                changed.add(pin.target)
+            where = off_on_cpu if getattr(spec, "cpu_only", False) else off
+            where.setdefault(spec.feature, problem)
+            break
+    if "args" in off:
+        off = dict.fromkeys(features, off["args"])
+    return FeatureVerdict(first.installed, off, off_on_cpu, frozenset(changed))
+
+
+def _pin_problem(sources: _Sources, target: str, want: str) -> str | None:
+    got = fingerprint(sources, target)
+    if got is None:
+        return f"hook target {target} does not exist"
+    if got != want:
+        return (f"hook target {target} changed (source fingerprint {got}, the hook was written "
+                f"for {want})")
+    return None
 
 
 def current_fingerprints(targets: Iterable[str]) -> dict[str, str | None]:

@@ -2,8 +2,12 @@
 
 Each glue module is named after the upstream module it hooks and exposes `HOOKS`, a tuple of
 `HookSpec`s. `GLUE_MODULES` lists them; `install` registers their specs with SGLang's
-`HookRegistry`. A hook whose mode is off hands straight back to the original function, so a server
-with the plugin installed and no overlap flag set behaves exactly like one without it.
+`HookRegistry`. Each spec belongs to one feature (`FEATURES`); the version guard turns a feature
+off when any of its pins changed (`guard.py`), and its flags are then refused.
+
+With no overlap flag set a server behaves exactly like one without the plugin: every hook is a
+BEFORE, AFTER or AROUND hook whose mode is off hands straight back to the original function (the
+TBO split functions included: `two_batch_overlap.py` answers them only with the plugin's TBO on).
 """
 
 from __future__ import annotations
@@ -14,6 +18,28 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 HookKind = Literal["before", "after", "around", "replace"]
+Feature = Literal["args", "tbo", "sbo", "gate", "torch_a2a", "metrics"]
+
+FEATURES: dict[Feature, str] = {
+    "args": "the plugin's flags",
+    "tbo": "TBO and two-chunk",
+    "sbo": "SBO",
+    "gate": "--overlap-gating auto",
+    "torch_a2a": "--moe-a2a-backend torch_a2a",
+    "metrics": "the plugin's series in /metrics (no flag: off means not exported)",
+}
+"""What each feature serves; a changed pin of "args" turns every feature off."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """An upstream definition a hook relies on, with its fingerprint in the supported SGLang."""
+
+    target: str
+    """Dotted path of a function, method or class (`guard.fingerprint` reads it)."""
+    fingerprint: str
+    relied_on: str = ""
+    """What the hook relies on there, when the target is not the hooked function itself."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +52,15 @@ class HookSpec:
     """One line: what the hook changes and why a hook (not a patch) can do it."""
     fingerprint: str
     """The target's source fingerprint in the supported SGLang (see `guard.py`)."""
+    feature: Feature
+    """The feature turned off when this target or a `relies_on` pin changed."""
+    relies_on: tuple[Pin, ...] = ()
+    """Other upstream code the hook depends on (a column order, a call's kwargs)."""
+    cpu_only: bool = False
+    """The hook matters only on CPU servers: a change turns its feature off only there."""
+
+    def pins(self) -> tuple[Pin, ...]:
+        return (Pin(self.target, self.fingerprint), *self.relies_on)
 
 
 @dataclass(frozen=True)
@@ -37,6 +72,17 @@ class ResolutionSpec:
     step_target: str
     """The upstream function that implements the step (guarded like a hook target)."""
     fingerprint: str
+    feature: Feature
+
+    def pins(self) -> tuple[Pin, ...]:
+        return (Pin(self.step_target, self.fingerprint),)
+
+
+SHARED_PINS: tuple[Pin, ...] = (
+    Pin("sglang.srt.runtime_context.RuntimeContext.server_args", "src:50f805e5f871",
+        "state.settings(): ValueError while no ServerArgs is published"),
+)
+"""Upstream code every feature relies on (a change turns them all off)."""
 
 
 # Glue modules in registration order: each is named after the upstream module it hooks.
@@ -74,12 +120,15 @@ def resolution_specs() -> list[ResolutionSpec]:
 
 
 def all_pins() -> list[tuple[str, str]]:
-    """(upstream target, fingerprint) of everything the plugin hooks, for the guard."""
-    pins = [(s.target, s.fingerprint) for s in all_specs()]
-    return pins + [(r.step_target, r.fingerprint) for r in resolution_specs()]
+    """(upstream target, fingerprint) of everything the plugin relies on, for the guard."""
+    pins = [*SHARED_PINS]
+    for spec in [*all_specs(), *resolution_specs()]:
+        pins += spec.pins()
+    return list(dict.fromkeys((p.target, p.fingerprint) for p in pins))
 
 
 _installed: set[tuple[str, str]] = set()
+_resolution_installed: set[tuple[str, str]] = set()
 
 
 def load_through_sglang() -> int:
@@ -109,8 +158,10 @@ def install(specs: Iterable[HookSpec]) -> list[HookSpec]:
 
 def install_resolution_hooks(specs: Iterable[ResolutionSpec]) -> None:
     """Register each `fn(server_args, previous)` on its SGLang resolution step, once."""
-    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
 
     for spec in specs:
-        if spec.fn not in _HOOKS.get(spec.step, ()):
+        key = (spec.step, f"{spec.fn.__module__}.{spec.fn.__qualname__}")
+        if key not in _resolution_installed:
             register_resolution_hook(spec.step)(spec.fn)
+            _resolution_installed.add(key)

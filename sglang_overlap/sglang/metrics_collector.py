@@ -110,11 +110,12 @@ def info_labels() -> dict[str, str]:
     from sglang_overlap.sglang import sbo_decision, server_args, state
 
     path, producer = sbo_served(state.settings(), sbo_decision.active_decision())
-    inert = server_args._inert.get("reason")  # noqa: SLF001 - the guard's verdict, set at register
+    verdict = server_args._verdict.get("verdict")  # noqa: SLF001 - the guard's, set at register
+    off = sorted(verdict.off) if verdict is not None else []
     return {"sbo_path": path, "sbo_producer": producer,
             "deep_gemm_version": package_version("deep_gemm") or "none",
             "deep_ep_version": package_version("deep_ep") or "none",
-            "guard": "ok" if inert is None else "inert"}
+            "guard": "off: " + ",".join(off) if off else "ok"}
 
 
 def sbo_served(settings: Any, decision: Any) -> tuple[str, str]:
@@ -162,5 +163,5 @@ def export(result: Any, collector: Any, *args: Any, **kwargs: Any) -> None:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(LOG_STATS, export, "after",
              "--enable-metrics: the plugin's counters and gate table beside SGLang's own series",
-             "src:3f7170b36da0"),
+             "src:3f7170b36da0", feature="metrics"),
 )

@@ -54,8 +54,8 @@ def timed_forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(INITIALIZE, start_gate, "after",
              "--overlap-gating auto: build the gate when the server starts (refusals then)",
-             "src:c5e95ff467d8"),
+             "src:c5e95ff467d8", feature="gate"),
     HookSpec(FORWARD, timed_forward, "around",
              "--overlap-gating auto: time each gated step (the gate learns from it)",
-             "src:8cd4e4df5a61"),
+             "src:8cd4e4df5a61", feature="gate"),
 )

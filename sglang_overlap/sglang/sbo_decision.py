@@ -11,6 +11,13 @@ decision are in `moe_utils.py`, `single_batch_overlap.py`, `deep_gemm_wrapper.py
 
 CUDA graphs: the decision is fixed per process before the model is built; the signal layout is a
 pure function of static shapes; no Python state changes between capture and replay.
+
+Never a spin the plugin can prevent: upstream launches the down GEMM (`run_moe_core`) before the
+combine send, on the host, so every producer kernel is launched, hence loaded, before a send can
+spin on its signal; `signal_down_gemm` either launches a producer that completes every unit or
+raises before the send is launched (a failing patched DeepGEMM falls back to the sliced GEMM).
+`check_signal_raised` makes that order a checked precondition: a send whose signal no producer of
+this step was launched for (another runner, a reordered upstream) raises instead of spinning.
 """
 
 from __future__ import annotations
@@ -39,6 +46,22 @@ def set_active_decision(decision: SboDecision | None) -> None:
     _state["decision"] = decision
 
 
+def note_signal_raised(signal: Any) -> None:
+    """The plugin's down GEMM has launched every store of `signal` (called after the launch)."""
+    _state["raised"] = signal
+
+
+def check_signal_raised(signal: Any) -> None:
+    """Before launching a combine send that spins on `signal`: raise unless the plugin's down GEMM
+    was launched for this very signal tensor (no producer launched = a send spinning forever)."""
+    if _state.get("raised") is not signal:
+        raise RuntimeError("sglang-overlap SBO: the combine send would wait on a signal no down "
+                           "GEMM of this step was launched for (the MoE runner did not call "
+                           "deep_gemm_wrapper.grouped_gemm_nt_f8f8bf16_masked with the plugin's "
+                           "layout); refusing to launch a send that would never finish")
+    _state["raised"] = None
+
+
 @contextlib.contextmanager
 def probe_override(report: ProbeReport) -> Iterator[None]:
     """Use `report` instead of probing this machine (tests; `check --assume-arch`)."""
@@ -59,7 +82,7 @@ def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: s
     """The SBO decision for these flags on this machine (shared with `sglang-overlap check`)."""
     import torch
 
-    from sglang_overlap.kernels.deepep import check_combine_call, combine_overlap_kwargs
+    from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
 
     report = report or _state["report"] or probe()
     req = SboRequest(enabled=settings.enable_single_batch_overlap,

@@ -10,9 +10,13 @@ SGLang 0.5.23's ServerArgs is a msgspec Struct: a plugin cannot add fields. So:
   * resolution step `handle_a2a_moe`: torch_a2a resolves to deepep (so every `is_deepep()` branch
     applies, and ep_size = tp_size); the user's choice stays on the plugin's settings.
 
-When the version guard failed (`guard.py`), only the two argument hooks are installed: a server
-started with no overlap flag runs as plain SGLang, and one asking for overlap is refused here,
-at argument parsing, with the guard's message.
+  * `ServerArgs.resolve_once` (BEFORE, the first step of every launch): a record built without
+    the command line (the Python `Engine(**kwargs)` API, with $SGLANG_OVERLAP_ARGS) is refused
+    on the same terms as the command line, before any process starts.
+
+The version guard (`guard.py`) turns features off one by one. The argument hooks are always
+installed: a server asking for a feature that is off is refused here, with the guard's message
+naming the first changed dependency; one that asks for none runs as plain SGLang.
 """
 
 from __future__ import annotations
@@ -31,26 +35,27 @@ from sglang_overlap.settings import (
     validate_settings as _validate,
 )
 from sglang_overlap.sglang import state
-from sglang_overlap.sglang.hooks import HookSpec, ResolutionSpec
+from sglang_overlap.sglang.hooks import FEATURES, HookSpec, ResolutionSpec
 
 logger = logging.getLogger("sglang_overlap")
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+RESOLVE_ONCE = "sglang.srt.server_args.ServerArgs.resolve_once"
 A2A_RESOLUTION_STEP = "handle_a2a_moe"
 A2A_RESOLUTION_TARGET = "sglang.srt.arg_groups.moe_hook.handle_a2a_moe"
 
 TORCH_A2A = "torch_a2a"
 """The a2a backend the plugin adds to --moe-a2a-backend (`deepep_dispatcher.py`)."""
 
-_inert: dict[str, str] = {}  # "reason": the guard's message when the plugin runs inert
+_verdict: dict[str, Any] = {}  # "verdict": the guard's FeatureVerdict when a feature is off
 
 
-def set_inert(reason: str | None) -> None:
-    """Called by `register()`: with a reason, overlap flags are refused with it."""
-    _inert.clear()
-    if reason is not None:
-        _inert["reason"] = reason
+def set_verdict(verdict: Any) -> None:
+    """Called by `register()` with the guard's `FeatureVerdict` (None: everything served)."""
+    _verdict.clear()
+    if verdict is not None:
+        _verdict["verdict"] = verdict
 
 
 def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser) -> None:
@@ -72,22 +77,65 @@ def server_facts(values: Any) -> ServerFacts:
     )
 
 
-def refuse_if_inert(settings: OverlapSettings) -> None:
-    """With the guard failed, any overlap flag (or torch_a2a) stops the server."""
-    asked = settings.any_overlap or settings.requested_a2a_backend == TORCH_A2A
-    if "reason" in _inert and (asked or settings != OverlapSettings()):
-        raise SettingsError(f"{_inert['reason']}; the overlap flags cannot be served (start "
-                            "without them, or install a supported sglang)")
+def requested_features(settings: OverlapSettings) -> dict[str, str]:
+    """feature -> the flag asking for it ("args": any other plugin flag)."""
+    out = {}
+    if settings.enable_two_batch_overlap:
+        out["tbo"] = "--enable-two-batch-overlap"
+    if settings.enable_single_batch_overlap:
+        out["sbo"] = "--enable-single-batch-overlap"
+    if settings.overlap_gating == "auto":
+        out["gate"] = "--overlap-gating auto"
+    if settings.requested_a2a_backend == TORCH_A2A:
+        out["torch_a2a"] = f"--moe-a2a-backend {TORCH_A2A}"
+    if settings != OverlapSettings():
+        out["args"] = "the overlap flags"
+    return out
+
+
+def cpu_server(values: Any) -> bool:
+    """Whether a ServerArgs / namespace serves on CPU (--device cpu, or no CUDA when unset)."""
+    device = getattr(values, "device", None)
+    if device:
+        return str(device).split(":")[0] == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def refuse_if_off(settings: OverlapSettings, values: Any) -> None:
+    """Refuse a flag whose feature the guard turned off, naming the first changed dependency."""
+    verdict = _verdict.get("verdict")
+    if verdict is None:
+        return
+    asked = requested_features(settings)
+    cpu = any(f in verdict.off_on_cpu for f in asked) and cpu_server(values)
+    for feature, flag in asked.items():
+        message = verdict.message(feature, cpu=cpu)
+        if message is None:
+            continue
+        if feature == "args":
+            raise SettingsError(f"{message}; the overlap flags cannot be served (start without "
+                                "them, or install a supported sglang)")
+        raise SettingsError(f"{message}; {flag} cannot be served ({FEATURES[feature]} is off: "
+                            "start without it, or install a supported sglang)")
 
 
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
     settings = OverlapSettings.from_mapping(vars(args))
-    refuse_if_inert(settings)
+    refuse_if_off(settings, args)
     for warning in _validate(settings, server_facts(args)):
         logger.warning("sglang-overlap: %s", warning)
     _refuse_unavailable_sbo_path(settings, args)
     _refuse_unsupported_gated_model(settings, args)
     setattr(result, state.SETTINGS_ATTR, settings)
+
+
+def _before_resolve_once(server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """A record built by `Engine(**kwargs)`: its overlap flags (upstream fields and
+    $SGLANG_OVERLAP_ARGS, which must parse) are refused like the command line's."""
+    if getattr(server_args, state.SETTINGS_ATTR, None) is None:
+        refuse_if_off(state.settings_of(server_args), server_args)
 
 
 def hf_config_dict(model_path: str, revision: str | None = None,
@@ -172,15 +220,19 @@ def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(ADD_CLI_ARGS, _after_add_cli_args, "after",
              "add the plugin's flags (and its a2a backend choice) to SGLang's parser",
-             "src:bc6a5b60874c"),
+             "src:bc6a5b60874c", feature="args"),
     HookSpec(FROM_CLI_ARGS, _after_from_cli_args, "after",
              "validate the plugin's flags and carry them to every process on the record",
-             "src:722947880991"),
+             "src:722947880991", feature="args"),
+    HookSpec(RESOLVE_ONCE, _before_resolve_once, "before",
+             "refuse overlap flags of a feature the guard turned off in the Engine API too",
+             "src:14138923d83c", feature="args"),
 )
 
 RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
-    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:38374a6d1ee5"),
+    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:38374a6d1ee5",
+                   "torch_a2a"),
 )
 
 # The hooks installed even when the guard failed (they only parse, validate and refuse).
-ALWAYS = frozenset({ADD_CLI_ARGS, FROM_CLI_ARGS})
+ALWAYS = frozenset({ADD_CLI_ARGS, FROM_CLI_ARGS, RESOLVE_ONCE})

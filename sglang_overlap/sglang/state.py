@@ -17,6 +17,7 @@ import contextlib
 import functools
 import os
 import shlex
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,8 @@ from sglang_overlap.settings import OverlapSettings, SettingsError, add_argument
 
 SETTINGS_ATTR = "_sglang_overlap"
 ENV_ARGS = "SGLANG_OVERLAP_ARGS"
-# SGLang's message when no ServerArgs is published in this process (runtime_context.server_args)
+# SGLang's message when no ServerArgs is published in this process: `RuntimeContext.server_args`,
+# pinned in hooks.SHARED_PINS (a change there turns the whole plugin off)
 _NOT_PUBLISHED = "Global server args is not set yet!"
 
 _settings: OverlapSettings | None = None  # set by configure()
@@ -78,13 +80,22 @@ def env_settings(base: OverlapSettings) -> OverlapSettings:
     raw = os.environ.get(ENV_ARGS, "").strip()
     if not raw:
         return base
-    parser = argparse.ArgumentParser(prog=ENV_ARGS, add_help=False)
+    parser = _EnvParser(prog=ENV_ARGS, add_help=False, exit_on_error=False)
     add_arguments(parser, include_upstream=True, defaults=False)
     try:
-        ns = parser.parse_args(shlex.split(raw))
-    except SystemExit as exc:
-        raise SettingsError(f"sglang-overlap: cannot parse {ENV_ARGS}={raw!r}") from exc
+        ns, unknown = parser.parse_known_args(shlex.split(raw))
+    except (argparse.ArgumentError, ValueError) as exc:  # ValueError: shlex (an open quote)
+        raise SettingsError(f"sglang-overlap: {ENV_ARGS}={raw!r}: {exc}") from None
+    if unknown:
+        raise SettingsError(f"sglang-overlap: {ENV_ARGS}={raw!r}: unknown token {unknown[0]!r}")
     return OverlapSettings.from_mapping({**base.to_dests(), **vars(ns)})
+
+
+class _EnvParser(argparse.ArgumentParser):
+    """Raises instead of exiting (argparse exits on a missing value even without exit_on_error)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise argparse.ArgumentError(None, message)
 
 
 @contextlib.contextmanager

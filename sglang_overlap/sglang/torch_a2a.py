@@ -13,7 +13,6 @@ Legend: T tokens of this rank, K top-k, H hidden, E_local local experts, C LL ca
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ from sglang_overlap.kernels.contracts import (
     LowLatencyDispatchOutput,
     SignalContract,
 )
-from sglang_overlap.kernels.deepep import ENV_MAX_DISPATCH
 from sglang_overlap.kernels.down_gemm import signal_layout
 from sglang_overlap.kernels.experts import TorchExperts
 from sglang_overlap.kernels.streams import StreamPair
@@ -35,10 +33,12 @@ class TorchA2AImpl:
 
     def __init__(self, *, group: Any, num_experts: int, num_local_experts: int,
                  low_latency: bool, **_: Any) -> None:
+        from sglang.srt.environ import envs
+
         cuda = torch.cuda.is_available()
         self.layout = "low_latency" if low_latency else "normal"
         self.a2a = AllToAllDispatcher(
-            num_experts, int(os.environ.get(ENV_MAX_DISPATCH, "128")), group=group,
+            num_experts, envs.SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK.get(), group=group,
             streams=StreamPair("cuda" if cuda else "cpu"))
         if self.a2a.num_local_experts != num_local_experts:
             raise ValueError(f"torch_a2a: {num_experts} experts over {self.a2a.world_size} "

@@ -2,9 +2,10 @@
 `sglang_overlap.planning`.
 
 SGLang 0.5.23 decides where a batch is split in three free functions of
-`sglang.srt.batch_overlap.two_batch_overlap`; the plugin replaces each with one that reads the
-same plan from `planning.plan_two_batch`, so the split index, the token index and the two-chunk
-flag can never disagree. SGLang's generic machinery (child ForwardBatch construction in
+`sglang.srt.batch_overlap.two_batch_overlap`. With --enable-two-batch-overlap the plugin answers
+each (AROUND, upstream's is not called) from one plan of `planning.plan_two_batch`, so the split
+index, the token index and the two-chunk flag can never disagree; otherwise it hands back to
+upstream's. SGLang's generic machinery (child ForwardBatch construction in
 `TboForwardBatchPreparer`, the TBO attention wrapper, the CUDA-graph plugin) is kept: it only
 consumes these decisions.
 
@@ -117,13 +118,35 @@ def _count_tbo_step(result: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any
     stats.count("two_chunk" if two_chunk else "tbo")
 
 
+def _plugin_tbo() -> bool:
+    from sglang_overlap.sglang import state
+
+    return state.settings().enable_two_batch_overlap
+
+
+def split_seq_index_hook(orig: Any, *args: Any, **kwargs: Any) -> int:
+    """AROUND: the planned split with the plugin's TBO on, upstream's otherwise."""
+    return compute_split_seq_index(*args, **kwargs) if _plugin_tbo() else orig(*args, **kwargs)
+
+
+def split_token_index_hook(orig: Any, *args: Any, **kwargs: Any) -> int:
+    return compute_split_token_index(*args, **kwargs) if _plugin_tbo() else orig(*args, **kwargs)
+
+
+def two_chunk_hook(orig: Any, *args: Any, **kwargs: Any) -> bool:
+    return is_two_chunk_split_enabled(*args, **kwargs) if _plugin_tbo() else orig(*args, **kwargs)
+
+
 HOOKS: tuple[HookSpec, ...] = (
-    HookSpec(SPLIT_SEQ_INDEX, compute_split_seq_index, "replace",
-             "the TBO split index comes from planning.plan_two_batch", "src:f1b0520b2dd3"),
-    HookSpec(SPLIT_TOKEN_INDEX, compute_split_token_index, "replace",
-             "the TBO token index comes from the same plan", "src:a1e80ab0e6ae"),
-    HookSpec(TWO_CHUNK_ENABLED, is_two_chunk_split_enabled, "replace",
-             "the two-chunk decision comes from the same plan", "src:00a500d6fc9f"),
+    HookSpec(SPLIT_SEQ_INDEX, split_seq_index_hook, "around",
+             "the TBO split index comes from planning.plan_two_batch", "src:f1b0520b2dd3",
+             feature="tbo"),
+    HookSpec(SPLIT_TOKEN_INDEX, split_token_index_hook, "around",
+             "the TBO token index comes from the same plan", "src:a1e80ab0e6ae", feature="tbo"),
+    HookSpec(TWO_CHUNK_ENABLED, two_chunk_hook, "around",
+             "the two-chunk decision comes from the same plan", "src:00a500d6fc9f",
+             feature="tbo"),
     HookSpec(PREPARE_RAW, _count_tbo_step, "after",
-             "count TBO / two-chunk steps (evidence in the server log)", "src:761b0d0fb797"),
+             "count TBO / two-chunk steps (evidence in the server log)", "src:761b0d0fb797",
+             feature="tbo"),
 )

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("sglang")
+from tests.conftest import require_module
+
+require_module("sglang")
 
 from sglang_overlap.cli.main import main  # noqa: E402
 from sglang_overlap.kernels.capabilities import package_dir  # noqa: E402

@@ -81,8 +81,8 @@ def _init_dist() -> tuple[int, int]:
 def ep() -> EpEnv:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    from benchmarks.harness.deepep import load_deep_ep
     from sglang_overlap.kernels.capabilities import combine_forms, read_params
-    from sglang_overlap.kernels.deepep import load_deep_ep
 
     try:
         deep_ep = load_deep_ep()

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.gpu.conftest import HIDDEN, N_MAX
+from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -93,8 +94,9 @@ def test_ll_dispatch_matches_torch(ep, e_local: int, t: int, kind: str, use_fp8:
         n = len(want)
         if use_fp8:
             q, s = recv
-            got_x = fp8.dequant_per_token_group(q[le, :n], s[le, :n], torch.float32)
-            ours = fp8.dequant_per_token_group(*fp8.quant_per_token_group(src), torch.float32)
+            got_x = oracle_fp8.dequant_per_token_group(q[le, :n], s[le, :n], torch.float32)
+            ours = oracle_fp8.dequant_per_token_group(*fp8.quant_per_token_group(src),
+                                                      torch.float32)
             rel = float((got_x - src.float()).norm() / src.float().norm())
             rel_ours = float((got_x - ours).norm() / ours.norm())
             assert rel <= FP8_REL and rel_ours <= 1e-2, f"{e_local=} {t=} {kind=} {rel=}"
@@ -183,18 +185,18 @@ def test_plugin_overlap_kwargs_bind_and_run_on_real_combine(ep, e_local: int, t:
 
 
 def test_normal_mode_dispatch_combine(ep) -> None:
-    """Normal (intranode) mode through the plugin's DeepEPDispatcher, on >= 2 ranks."""
+    """Normal (intranode) mode through the plugin's HarnessDeepEPDispatcher, on >= 2 ranks."""
     if ep.world == 1:
         pytest.skip("DeepEP's normal (intranode) kernels are compiled for 2, 4 or 8 ranks only "
                     "(SWITCH_RANKS in csrc/kernels/launch.cuh): a one-rank buffer cannot run "
                     "them; run under torchrun --nproc-per-node 2+")
-    from sglang_overlap.kernels.deepep import DeepEPDispatcher, plan_deepep_buffer
+    from benchmarks.harness.deepep import HarnessDeepEPDispatcher, plan_deepep_buffer
 
     e_local, t = 8, 64
     e, x, idx, w = _case(ep, e_local, t, "random", seed=11)
     plan = plan_deepep_buffer(hidden=HIDDEN, num_experts=e, world_size=ep.world,
                               max_batch_per_rank=t, layouts=("normal",))
-    disp = DeepEPDispatcher.create(ep.group, plan)
+    disp = HarnessDeepEPDispatcher.create(ep.group, plan)
     pending = disp.dispatch_send(x, idx, w, layout="normal", slot=0)
     got = disp.dispatch_recv(pending)
     g = (got.row_expert.long() + ep.rank * e_local)  # [R] global ids, < rank*L for padding

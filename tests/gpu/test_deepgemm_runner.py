@@ -11,6 +11,8 @@ import math
 import pytest
 import torch
 
+from tests.oracle import fp8 as oracle_fp8
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -54,8 +56,8 @@ def test_masked_gemm_matches_fp64(dg) -> None:
     out = torch.full((e, m_cap, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, expected_m=64)
     torch.cuda.synchronize()
-    want = torch.bmm(fp8.dequant_per_token_group(a, a_s),
-                     fp8.dequant_per_block(b, b_s).transpose(1, 2))
+    want = torch.bmm(oracle_fp8.dequant_per_token_group(a, a_s),
+                     oracle_fp8.dequant_per_block(b, b_s).transpose(1, 2))
     valid = torch.arange(m_cap, device="cuda")[None, :] < masked[:, None]
     diff = _calc_diff(out[valid], want[valid])
     assert not bool(out[valid].isnan().any()) and diff < FP8_TOL, f"{diff=} {dg.version=}"
@@ -97,7 +99,7 @@ def test_contiguous_gemm_matches_fp64(dg) -> None:
     out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     deepgemm.contiguous_gemm(a, a_s, b, b_s, out, m_indices)
     torch.cuda.synchronize()
-    da, db = fp8.dequant_per_token_group(a, a_s), fp8.dequant_per_block(b, b_s)
+    da, db = oracle_fp8.dequant_per_token_group(a, a_s), oracle_fp8.dequant_per_block(b, b_s)
     valid = m_indices >= 0
     want = torch.einsum("tk,tnk->tn", da[valid], db[m_indices[valid].long()])
     diff = _calc_diff(out[valid], want)
@@ -116,9 +118,9 @@ def test_expert_pipeline_matches_reference(dg, layout_kind: str) -> None:
                                                  _weights(e, hidden, inter, 8))
     x = torch.randn((e, m_cap, hidden), generator=gen, device="cuda", dtype=torch.bfloat16)
     xq, xs = fp8.quant_per_token_group(x)
-    w13 = fp8.dequant_per_block(weights.w13, weights.w13_scale)
-    w2 = fp8.dequant_per_block(weights.w2, weights.w2_scale)
-    up = torch.bmm(fp8.dequant_per_token_group(xq, xs), w13.transpose(1, 2))
+    w13 = oracle_fp8.dequant_per_block(weights.w13, weights.w13_scale)
+    w2 = oracle_fp8.dequant_per_block(weights.w2, weights.w2_scale)
+    up = torch.bmm(oracle_fp8.dequant_per_token_group(xq, xs), w13.transpose(1, 2))
     gate, upv = up.chunk(2, dim=-1)
     want = torch.bmm(torch.nn.functional.silu(gate) * upv, w2.transpose(1, 2))  # [E, M, H]
     if layout_kind == "low_latency":
@@ -162,15 +164,14 @@ def test_sliced_deepgemm_signal_with_consumer(dg, granularity: str, streams: int
 
 
 def _runner_pair(e: int, hidden: int, inter: int):
-    from sglang_overlap.kernels import fp8
-    from sglang_overlap.kernels.deepgemm_experts import DeepGemmExpertRunner
-    from sglang_overlap.reference.experts import ReferenceExperts
+    from benchmarks.harness.deepgemm_experts import DeepGemmExpertRunner
+    from tests.oracle.experts import ReferenceExperts
 
     runner = DeepGemmExpertRunner(_weights(e, 2 * inter, hidden, 31),
                                   _weights(e, hidden, inter, 32))
     w = runner.weights  # the reference runs on the same fp8 weights, dequantised to fp64
-    ref = ReferenceExperts(fp8.dequant_per_block(w.w13, w.w13_scale),
-                           fp8.dequant_per_block(w.w2, w.w2_scale))
+    ref = ReferenceExperts(oracle_fp8.dequant_per_block(w.w13, w.w13_scale),
+                           oracle_fp8.dequant_per_block(w.w2, w.w2_scale))
     return runner, ref
 
 

@@ -1,4 +1,4 @@
-"""GPU: the engine's executors in bf16 against a float64 reference, and stream placement.
+"""GPU: the oracle's executors in bf16 against a float64 reference, and stream placement.
 
 - every executor (serial in both layouts, TBO decode and prefill, SBO per block and per expert)
   in bf16 on CUDA matches the float64 serial executor on CPU within bf16 tolerance;
@@ -24,11 +24,11 @@ from sglang_overlap.kernels.a2a import AllToAllDispatcher
 from sglang_overlap.kernels.contracts import Dispatcher, LowLatencyDispatchOutput, SignalContract
 from sglang_overlap.kernels.streams import StreamPair
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
-from sglang_overlap.reference import executors
-from sglang_overlap.reference.experts import LocalDispatcher, ReferenceExperts
-from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
-from sglang_overlap.reference.stages import MoeLayer, SboConfig
 from tests.fixtures import toy
+from tests.oracle import executors
+from tests.oracle.experts import LocalDispatcher, ReferenceExperts
+from tests.oracle.router import RouterConfig, gate_logits, select_experts
+from tests.oracle.stages import MoeLayer, SboConfig
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -43,11 +43,11 @@ def nccl_group():
 
 
 def _layers():
+    from benchmarks.harness.deepgemm_experts import DeepGemmExpertRunner
     from sglang_overlap.kernels.a2a import AllToAllDispatcher
-    from sglang_overlap.kernels.deepgemm_experts import DeepGemmExpertRunner
     from sglang_overlap.kernels.streams import StreamPair
-    from sglang_overlap.reference.router import RouterConfig
     from tests.fixtures import toy
+    from tests.oracle.router import RouterConfig
 
     router = RouterConfig(E, top_k=4, n_group=4, topk_group=2, routed_scaling_factor=2.5)
     weights = toy.toy_weights(1, num_experts=E, hidden=H, inter=INTER, seed=0,
@@ -61,8 +61,8 @@ def _layers():
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 def test_sbo_with_deepgemm_runner_equals_serial(nccl_group, granularity: str) -> None:
-    from sglang_overlap.reference import executors
-    from sglang_overlap.reference.stages import SboConfig
+    from tests.oracle import executors
+    from tests.oracle.stages import SboConfig
 
     layers = _layers()
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(5)).to("cuda", torch.bfloat16)

@@ -1,5 +1,5 @@
-"""GPU: the full SBO MoE layer on real kernels (kernels/sbo_layer.py) with the installed DeepEP
-tree's combine overlap form, at DeepSeek-V3 shapes (H 7168, I 2048, top-8).
+"""GPU: the full SBO MoE layer on real kernels (benchmarks/harness/sbo_layer.py) with the
+installed DeepEP tree's combine overlap form, at DeepSeek-V3 shapes (H 7168, I 2048, top-8).
 
 - serial equals a float32 torch reference of the same fp8 weights (fp8 tolerance);
 - shared-expert overlap and full SBO equal serial;
@@ -18,6 +18,7 @@ import torch
 
 from tests.gpu.conftest import N_MAX
 from tests.gpu.test_deepep_kernels import routing
+from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -32,7 +33,7 @@ _WEIGHTS: dict[int, object] = {}
 
 def _layer(ep, e_local: int, watchdog_s: float | None = WATCHDOG_S):
     pytest.importorskip("deep_gemm")
-    from sglang_overlap.kernels.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
+    from benchmarks.harness.sbo_layer import DeepEPSboLayer, MoeShape, MoeWeights
 
     shape = MoeShape(num_experts=e_local * ep.world, world_size=ep.world,
                      num_max_dispatch_tokens_per_rank=N_MAX)
@@ -54,7 +55,6 @@ def _inputs(ep, layer, t: int, kind: str, seed: int):
 def reference(layer, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """float32: shared(x) + sum_k w * down(silu(gate) * up) over this rank's local experts,
     with the fp8 weights dequantised (one rank: every expert is local)."""
-    from sglang_overlap.kernels import fp8
 
     assert layer.shape.world_size == 1, "the torch reference covers one rank"
     ew = layer.weights.experts
@@ -64,8 +64,8 @@ def reference(layer, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> tor
         tok, k = (idx == e).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        w13 = fp8.dequant_per_block(ew.w13[e:e + 1], ew.w13_scale[e:e + 1], torch.float32)[0]
-        w2 = fp8.dequant_per_block(ew.w2[e:e + 1], ew.w2_scale[e:e + 1], torch.float32)[0]
+        w13 = oracle_fp8.dequant_per_block(ew.w13[e:e + 1], ew.w13_scale[e:e + 1], torch.float32)[0]
+        w2 = oracle_fp8.dequant_per_block(ew.w2[e:e + 1], ew.w2_scale[e:e + 1], torch.float32)[0]
         gate, up = (xf[tok] @ w13.t()).chunk(2, dim=-1)
         y = (torch.nn.functional.silu(gate) * up) @ w2.t()
         out.index_add_(0, tok, y * w[tok, k, None])
@@ -129,7 +129,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
     """Adversarial order: the send is launched first and spins; the producer (the served signal
     down GEMM, already loaded) comes 50 ms later on the host, or behind a 50 ms device sleep on
     its stream. The send must wait, then finish with the right rows."""
-    from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
+    from benchmarks.harness.sbo_watchdog import wait_or_raise
     from sglang_overlap.kernels.signals import new_signal
 
     torch.cuda._sleep(1000)  # load the sleep kernel now: a first launch may sync the context
@@ -153,7 +153,7 @@ def test_combine_launched_before_its_producer(ep, delay: str) -> None:
 def test_watchdog_names_stuck_units_and_releases(ep) -> None:
     """A counter past its final value never equals it (both trees compare with ==): the send
     spins, the watchdog raises naming the units, releases them, and the device stays usable."""
-    from sglang_overlap.kernels.sbo_watchdog import wait_or_raise
+    from benchmarks.harness.sbo_watchdog import wait_or_raise
     from sglang_overlap.kernels.signals import SignalError, new_signal
 
     layer, x, idx, w, want, d, act = _pieces(ep)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from tests.oracle import fp8 as oracle_fp8
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -57,10 +59,9 @@ def make_case(seed: int, e: int, m_cap: int, n: int, k: int, zero_experts: int =
 
 def reference(case: Case) -> torch.Tensor:
     """fp64 [E, M, N] from the dequantised operands."""
-    from sglang_overlap.kernels import fp8
 
-    a = fp8.dequant_per_token_group(case.a, case.a_s)
-    b = fp8.dequant_per_block(case.b, case.b_s)
+    a = oracle_fp8.dequant_per_token_group(case.a, case.a_s)
+    b = oracle_fp8.dequant_per_block(case.b, case.b_s)
     return torch.bmm(a, b.transpose(1, 2))
 
 
@@ -220,11 +221,11 @@ def test_silu_and_mul_quant_matches_torch() -> None:
     masked = torch.tensor([96, 0, 17, 64], dtype=torch.int32, device="cuda")
     q, s = fp8.silu_and_mul_quant(x, masked)
     torch.cuda.synchronize()
-    want_q, want_s = fp8.quant_per_token_group(fp8.silu_and_mul_reference(x))
+    want_q, want_s = fp8.quant_per_token_group(oracle_fp8.silu_and_mul_reference(x))
     valid = torch.arange(96, device="cuda")[None, :] < masked[:, None]
     torch.testing.assert_close(s[valid], want_s[valid], rtol=1e-5, atol=1e-8)
-    got = fp8.dequant_per_token_group(q, s)[valid]
-    want = fp8.silu_and_mul_reference(x).double()[valid]
+    got = oracle_fp8.dequant_per_token_group(q, s)[valid]
+    want = oracle_fp8.silu_and_mul_reference(x).double()[valid]
     assert calc_diff(got, want) < FP8_TOL
     # the 2-D (normal layout) form
     q2, s2 = fp8.silu_and_mul_quant(x[0])

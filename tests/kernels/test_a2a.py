@@ -20,8 +20,7 @@ import torch.multiprocessing as mp
 
 from sglang_overlap.kernels.a2a import AllToAllDispatcher
 from sglang_overlap.planning.two_batch import ForwardKind
-from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
-from tests.fixtures.engine_cases import (
+from tests.fixtures.oracle_cases import (
     EXECUTORS,
     ROUTER,
     Case,
@@ -31,6 +30,7 @@ from tests.fixtures.engine_cases import (
     run,
 )
 from tests.fixtures.toy import toy_layers
+from tests.oracle.router import RouterConfig, gate_logits, select_experts
 
 DECODE, EXTEND = ForwardKind.DECODE, ForwardKind.EXTEND
 DECODE_TOKENS = (7, 1, 0, 4)  # rank 2 of 4 is idle, rank 1 has batch 1

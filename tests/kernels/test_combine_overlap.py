@@ -76,7 +76,7 @@ def on_path(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_start_up_names_a_tree_without_the_form(on_path) -> None:
-    from sglang_overlap.kernels.deepep import load_deep_ep
+    from benchmarks.harness.deepep import load_deep_ep
 
     on_path(HYBRID)
     with pytest.raises(RuntimeError) as err:
@@ -87,7 +87,7 @@ def test_start_up_names_a_tree_without_the_form(on_path) -> None:
 
 
 def test_start_up_names_a_tree_that_fails_to_load(on_path) -> None:
-    from sglang_overlap.kernels.deepep import load_deep_ep
+    from benchmarks.harness.deepep import load_deep_ep
 
     on_path(ANT)  # the fixture has no compiled extension: importing it fails like a bad .so
     with pytest.raises(RuntimeError, match=r"deep_ep 1\.2\.1\+antgroup-opt\.76f0271 at .* "

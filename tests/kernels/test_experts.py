@@ -11,7 +11,7 @@ from sglang_overlap.kernels.contracts import LowLatencyDispatchOutput, NormalDis
 from sglang_overlap.kernels.experts import TorchExperts
 from sglang_overlap.kernels.signals import SignalContract
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
-from sglang_overlap.reference.experts import ReferenceExperts
+from tests.oracle.experts import ReferenceExperts
 
 E, C, H, INTER = 4, 9, 16, 8
 

@@ -17,7 +17,7 @@ from sglang_overlap.kernels import rowwise
 from sglang_overlap.kernels.contracts import LowLatencyDispatchOutput
 from sglang_overlap.kernels.signals import SignalContract, SignalError
 from sglang_overlap.planning.sbo_layout import SboLayout, plan_sbo_layout
-from sglang_overlap.reference.experts import LocalDispatcher, ReferenceExperts
+from tests.oracle.experts import LocalDispatcher, ReferenceExperts
 
 E, H, INTER, K, T = 4, 64, 32, 2, 11
 

@@ -43,3 +43,14 @@ def test_matches_upstream_and_a_leads(n: int) -> None:
 def test_bad_delta(n: int, delta: int) -> None:
     with pytest.raises(ValueError):
         interleaved_order(n, delta)
+
+
+@pytest.mark.parametrize(("stages", "delta", "message"), [
+    (-1, 0, "num_stages must be >= 0; got num_stages=-1"),
+    (3, 4, "TBO delta_stages=4 must be in [0, 3] (the number of stages)"),
+    (3, -1, "TBO delta_stages=-1 must be in [0, 3] (the number of stages)"),
+])
+def test_bad_arguments_are_named(stages: int, delta: int, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        interleaved_order(stages, delta)
+    assert str(info.value) == message

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
+from tests.conftest import require_module
 
-tbo = pytest.importorskip(
+tbo = require_module(
     "sglang.srt.batch_overlap.two_batch_overlap",
     reason="sglang 0.5.23 is not importable here; the agreement test needs its split functions",
 )

@@ -165,3 +165,15 @@ def test_split_balance_and_guard(lens: list[int], t: float) -> None:
     for i in range(1, len(lens)):
         other = sum(lens[:i])
         assert abs(a_tokens - b_tokens) <= abs(other - (total - other)), f"{lens=} {i=} {split=}"
+
+
+@pytest.mark.parametrize(("lens", "threshold", "want"), [
+    ([25, 75], 0.25, False),  # child A holds exactly t of the tokens: upstream's `<` keeps it
+    ([24, 76], 0.25, True),
+    ([75, 25], 0.25, False),  # exactly 1 - t: upstream's `>` keeps it too
+    ([76, 24], 0.25, True),
+])
+def test_the_threshold_bounds_are_exclusive_as_upstream(lens: list[int], threshold: float,
+                                                        want: bool) -> None:
+    assert wants_two_chunk(lens, threshold) is want, f"{lens=} {threshold=}"
+    assert (plan_two_chunk_cut(lens, threshold) is not None) is want, f"{lens=}"

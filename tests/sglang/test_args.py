@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.server_args")
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
@@ -64,7 +66,7 @@ def test_plugin_a2a_backend_is_a_parser_choice() -> None:
         (["--overlap-gating", "auto"], "--overlap-gating auto needs"),
         (["--sbo-down-gemm-overlap", "force"], "needs --enable-single-batch-overlap"),
         (["--moe-a2a-backend", "torch_a2a", "--enable-two-batch-overlap"],
-         "torch_a2a needs --tp 2 or more (experts are spread over the tensor-parallel ranks; "
+         "torch_a2a needs --tp 2 or more (experts are spread over the tensor-parallel ranks, "
          "got --tp 1)"),
     ],
 )

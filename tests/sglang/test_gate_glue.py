@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("sglang.srt.managers.scheduler_components.dp_attn",
-                    reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.managers.scheduler_components.dp_attn")
 
 from sglang.srt.managers.scheduler_components import dp_attn as upstream_dp_attn  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402

@@ -1,5 +1,6 @@
 """The version guard against the real sglang 0.5.23: pins match; a faked version, an altered or a
-removed target is named; register() then leaves the plugin inert and overlap flags are refused."""
+removed target is named; a changed pin turns off its feature only (a CPU-only one only on CPU),
+and that feature's flags are refused, on the command line and in the Engine API alike."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.server_args")
 
 from sglang_overlap.sglang import guard, hooks  # noqa: E402
 
@@ -62,6 +65,100 @@ def test_formatting_and_decorators_do_not_count() -> None:
     assert guard._digest(a) == guard._digest(b) != guard._digest(c)
 
 
+def _altered(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> str:
+    """Replace upstream `module.name` by a function of the same name and other code."""
+    import importlib
+
+    mod = importlib.import_module(module)
+
+    def changed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        return None
+
+    changed.__name__ = changed.__qualname__ = name
+    monkeypatch.setattr(mod, name, changed)
+    return f"{module}.{name}"
+
+
+def _verdict() -> guard.FeatureVerdict:
+    return guard.check_features([*hooks.all_specs(), *hooks.resolution_specs()],
+                                hooks.SHARED_PINS)
+
+
+def test_no_drift_serves_every_feature() -> None:
+    verdict = _verdict()
+    assert (verdict.off, verdict.off_on_cpu, verdict.changed_targets) == ({}, {}, frozenset())
+
+
+@pytest.mark.parametrize(("module", "name", "feature"), [
+    ("sglang.srt.batch_overlap.two_batch_overlap", "compute_split_seq_index", "tbo"),
+    ("sglang.srt.layers.moe.utils", "initialize_moe_config", "sbo"),
+    ("sglang.srt.layers.moe.ep_moe.layer", "DeepEPMoE", "torch_a2a"),
+])
+def test_a_changed_target_turns_off_its_feature_only(monkeypatch: pytest.MonkeyPatch, module: str,
+                                                     name: str, feature: str) -> None:
+    if name == "DeepEPMoE":  # a method target: alter the method, not the class
+        from sglang.srt.layers.moe.ep_moe.layer import DeepEPMoE
+
+        def run_moe_core(self, dispatch_output):  # noqa: ANN001, ANN202
+            return None
+
+        monkeypatch.setattr(DeepEPMoE, "run_moe_core", run_moe_core)
+        target = f"{module}.DeepEPMoE.run_moe_core"
+    else:
+        target = _altered(monkeypatch, module, name)
+    verdict = _verdict()
+    assert set(verdict.off) == {feature}, verdict.off
+    assert f"hook target {target} changed" in str(verdict.message(feature))
+    assert verdict.changed_targets == {target}
+
+
+def test_a_changed_dependency_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dp_attn reads column 5 of tp0_info_cpu: the gathered row's builder is pinned."""
+    from sglang.srt.managers.scheduler_components.dp_attn import MLPSyncBatchInfo
+
+    def _get_local_tensor(self, device, dtype=None):  # noqa: ANN001, ANN202
+        return None
+
+    monkeypatch.setattr(MLPSyncBatchInfo, "_get_local_tensor", _get_local_tensor)
+    verdict = _verdict()
+    assert set(verdict.off) == {"gate"}
+    assert "MLPSyncBatchInfo._get_local_tensor changed" in str(verdict.message("gate"))
+    assert verdict.changed_targets == frozenset()  # the hooked function itself is unchanged
+
+
+def test_a_changed_shared_pin_turns_everything_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.runtime_context import RuntimeContext
+
+    monkeypatch.setattr(RuntimeContext, "server_args", property(lambda self: None))
+    verdict = _verdict()
+    assert set(verdict.off) == set(hooks.FEATURES)
+    assert "RuntimeContext.server_args changed" in str(verdict.message("sbo"))
+
+
+@pytest.mark.parametrize("name", ["pad_inputs_to_size", "prefill_strategy"])
+def test_a_changed_cpu_only_target_is_off_on_cpu_only(monkeypatch: pytest.MonkeyPatch,
+                                                      name: str) -> None:
+    spec = next(s for s in hooks.all_specs() if s.cpu_only and s.fn.__name__ == name)
+    module, _, attr = spec.target.rpartition(".")
+    if module.rpartition(".")[2][:1].isupper():  # a method: Class.method
+        import importlib
+
+        mod_name, _, cls_name = module.rpartition(".")
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+
+        def changed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            return None
+
+        changed.__name__ = changed.__qualname__ = attr
+        monkeypatch.setattr(cls, attr, changed)
+    else:
+        _altered(monkeypatch, module, attr)
+    verdict = _verdict()
+    assert verdict.off == {} and set(verdict.off_on_cpu) == {spec.feature}
+    assert verdict.message(spec.feature, cpu=False) is None  # a GPU server keeps it
+    assert spec.target in str(verdict.message(spec.feature, cpu=True))
+
+
 _DRIFT = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -74,38 +171,76 @@ try:
     server_args, settings = parse_server_args({argv!r})
 except SettingsError as exc:
     print("REFUSED", exc)
-    raise SystemExit(0)
-print("SERVED", settings.any_overlap, sorted(t for t, _ in hooks._installed))
+    cli = str(exc)
+else:
+    print("SERVED", settings.any_overlap, sorted(t for t, _ in hooks._installed))
+    cli = None
+if {engine!r}:
+    import os
+    from sglang.srt.entrypoints.engine import Engine
+    os.environ.update({engine!r})
+    try:
+        Engine(model_path="/nonexistent/tiny-dsv3")
+    except SettingsError as exc:
+        print("ENGINE REFUSED", exc)
+        print("SAME AS CLI", str(exc) == cli)
 """
 
 
-def _run(patch: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    code = _DRIFT.format(patch=patch, argv=[*MODEL, *argv])
+def _run(patch: str, argv: list[str],
+         engine: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = _DRIFT.format(patch=patch, argv=[*MODEL, *argv], engine=engine or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
 
 
 FAKE_VERSION = "guard.installed_version = lambda: '0.5.99'"
-ALTERED = ("import sglang.srt.layers.moe.utils as u\n"
-           "def initialize_moe_config(*a, **k):\n    return None\n"
-           "u.initialize_moe_config = initialize_moe_config")
+ALTERED_SBO = ("import sglang.srt.layers.moe.utils as u\n"
+               "def initialize_moe_config(*a, **k):\n    return None\n"
+               "u.initialize_moe_config = initialize_moe_config")
+ALTERED_CPU = ("import sglang.srt.batch_overlap.operations_strategy as o\n"
+               "import sglang.srt.model_executor.forward_batch_info as f\n"
+               "def _compute_moe_deepseek_blog_prefill(*a, **k):\n    return None\n"
+               "def _pad_inputs_to_size(*a, **k):\n    return None\n"
+               "o._compute_moe_deepseek_blog_prefill = _compute_moe_deepseek_blog_prefill\n"
+               "f.ForwardBatch._pad_inputs_to_size = _pad_inputs_to_size")
+TBO = ["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"]
+SBO = ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
 
 
-@pytest.mark.parametrize(("patch", "named"), [
-    (FAKE_VERSION, "installed: sglang 0.5.99: this version is not supported"),
-    (ALTERED, "hook target sglang.srt.layers.moe.utils.initialize_moe_config changed"),
+@pytest.mark.parametrize(("patch", "argv", "named"), [
+    (FAKE_VERSION, TBO, "installed: sglang 0.5.99: this version is not supported"),
+    (ALTERED_SBO, SBO, "hook target sglang.srt.layers.moe.utils.initialize_moe_config changed"),
 ])
-def test_drift_with_an_overlap_flag_refuses_to_start(patch: str, named: str) -> None:
-    done = _run(patch, ["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"])
+def test_drift_with_its_feature_flag_refuses_to_start(patch: str, argv: list[str],
+                                                      named: str) -> None:
+    done = _run(patch, argv)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "REFUSED" in done.stdout and named in done.stdout, done.stdout + done.stderr[-2000:]
     assert "supports sglang 0.5.23" in done.stdout
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("patch", [FAKE_VERSION, ALTERED])
-def test_drift_without_overlap_flags_serves_plain_sglang(patch: str) -> None:
-    done = _run(patch, [])
+def test_drift_of_another_feature_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed SBO target: TBO is still served, with every hook but SBO's."""
+    done = _run(ALTERED_SBO, TBO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = sorted(s.target for s in hooks.all_specs() if s.feature != "sbo")
+    assert f"SERVED True {want}" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "SBO is off" in done.stderr, done.stderr[-3000:]
+
+
+def test_cpu_only_drift_keeps_sbo_and_tbo_on_a_gpu_server() -> None:
+    done = _run(ALTERED_CPU, ["--device", "cuda", "--enable-two-batch-overlap",
+                              "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"])
+    assert "SERVED True" in done.stdout, done.stdout + done.stderr[-3000:]
+    done = _run(ALTERED_CPU, ["--device", "cpu", *TBO])
+    assert "REFUSED" in done.stdout and "_compute_moe_deepseek_blog_prefill changed" in (
+        done.stdout), done.stdout + done.stderr[-3000:]
+
+
+def test_drift_without_overlap_flags_serves_plain_sglang() -> None:
+    done = _run(FAKE_VERSION, [])
     assert done.returncode == 0, done.stderr[-3000:]
     from sglang_overlap.sglang.server_args import ALWAYS
 
@@ -114,8 +249,18 @@ def test_drift_without_overlap_flags_serves_plain_sglang(patch: str) -> None:
     assert len(inert) == 1, done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("engine", [
+    {"SGLANG_OVERLAP_ARGS": "--enable-two-batch-overlap --moe-a2a-backend deepep"},
+])
+def test_the_engine_api_is_refused_like_the_command_line(engine: dict[str, str]) -> None:
+    done = _run(FAKE_VERSION, TBO, engine)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ENGINE REFUSED" in done.stdout and "SAME AS CLI True" in done.stdout, (
+        done.stdout + done.stderr[-3000:])
+
+
 def test_no_drift_installs_every_hook() -> None:
-    done = _run("", ["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"])
+    done = _run("", TBO)
     assert done.returncode == 0, done.stderr[-3000:]
     want = sorted(s.target for s in hooks.all_specs())
     assert f"SERVED True {want}" in done.stdout, done.stdout + done.stderr[-2000:]

@@ -116,6 +116,21 @@ def test_info_labels_of_a_plain_process() -> None:
     from sglang_overlap.kernels.capabilities import package_version
 
     assert labels["deep_gemm_version"] == (package_version("deep_gemm") or "none")
+    assert labels["guard"] == "ok"
+
+
+def test_info_guard_label_names_the_features_turned_off() -> None:
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang_overlap.sglang import server_args
+
+    server_args.set_verdict(SimpleNamespace(off={"tbo": "changed", "gate": "changed"}))
+    try:
+        assert mc.info_labels()["guard"] == "off: gate,tbo"
+    finally:
+        server_args.set_verdict(None)
+    assert mc.info_labels()["guard"] == "ok"
 
 
 def test_the_hook_is_registered_and_pinned() -> None:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-ops = pytest.importorskip("sglang.srt.batch_overlap.operations",
-                          reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+ops = require_module("sglang.srt.batch_overlap.operations")
 
 from sglang_overlap.planning.interleave import interleaved_order  # noqa: E402
 from sglang_overlap.settings import OverlapSettings  # noqa: E402

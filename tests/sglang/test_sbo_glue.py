@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("sglang")
+from tests.conftest import require_module
+
+require_module("sglang")
 
 from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.srt.runtime_context", reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.runtime_context")
 
 from sglang.srt.runtime_context import create_context, use_context  # noqa: E402
 
@@ -65,6 +67,11 @@ def test_engine_api_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     got = state.settings_of(Record())
     assert (got.enable_single_batch_overlap, got.requested_a2a_backend, got.overlap_gating,
             got.sbo_signal_granularity) == (True, "deepep", "auto", "expert")
-    monkeypatch.setenv(state.ENV_ARGS, "--overlap-gating sometimes")
-    with pytest.raises(SettingsError, match="cannot parse SGLANG_OVERLAP_ARGS"):
-        state.settings_of(Record())
+    for raw, token in (("--overlap-gating sometimes", "'sometimes'"),
+                       ("--enable-two-batch-overlap --sbo-bogus 3", "'--sbo-bogus'"),
+                       ("--overlap-gating-trials", "--overlap-gating-trials"),
+                       ("--overlap-gating 'auto", "No closing quotation")):
+        monkeypatch.setenv(state.ENV_ARGS, raw)
+        with pytest.raises(SettingsError) as err:
+            state.settings_of(Record())
+        assert "SGLANG_OVERLAP_ARGS" in str(err.value) and token in str(err.value), err.value

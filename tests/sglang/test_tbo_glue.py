@@ -7,8 +7,9 @@ import inspect
 
 import pytest
 
-tbo = pytest.importorskip("sglang.srt.batch_overlap.two_batch_overlap",
-                          reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+tbo = require_module("sglang.srt.batch_overlap.two_batch_overlap")
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
@@ -22,6 +23,17 @@ def _plugins_loaded() -> None:
     load_plugins()
 
 
+@pytest.fixture(autouse=True)
+def tbo_on():
+    """The plugin's TBO on (--enable-two-batch-overlap); a test may switch it off."""
+    from sglang_overlap.settings import OverlapSettings
+    from sglang_overlap.sglang import state
+
+    state.configure(OverlapSettings(enable_two_batch_overlap=True))
+    yield lambda on: state.configure(OverlapSettings(enable_two_batch_overlap=on))
+    state.configure(None)
+
+
 @pytest.fixture()
 def threshold():
     moe = get_flags().moe
@@ -31,9 +43,9 @@ def threshold():
 
 
 @pytest.mark.parametrize(("name", "ours"), [
-    ("compute_split_seq_index", glue.compute_split_seq_index),
-    ("compute_split_token_index", glue.compute_split_token_index),
-    ("_is_two_chunk_split_enabled", glue.is_two_chunk_split_enabled),
+    ("compute_split_seq_index", glue.split_seq_index_hook),
+    ("compute_split_token_index", glue.split_token_index_hook),
+    ("_is_two_chunk_split_enabled", glue.two_chunk_hook),
 ])
 def test_sglang_split_functions_are_the_plugins(name: str, ours) -> None:
     fn = getattr(tbo, name)
@@ -73,6 +85,14 @@ def test_boundary_cut_is_a_plain_split_deliberately(threshold) -> None:
     assert inspect.unwrap(tbo._is_two_chunk_split_enabled)([2, 3])
 
 
+def test_with_tbo_off_upstream_decides(threshold, tbo_on) -> None:
+    """The hooks hand straight back to upstream when the plugin's TBO is off."""
+    threshold(0.48)
+    tbo_on(False)
+    assert tbo._is_two_chunk_split_enabled([2, 3])  # upstream's own answer (see above)
+    assert tbo.compute_split_seq_index(ForwardMode.DECODE, 7, None, 1) == 3
+
+
 @pytest.mark.parametrize(("mode", "tokens", "tnps", "expected"), [
     (ForwardMode.DECODE, 1, 1, (0, 0)), (ForwardMode.DECODE, 7, 1, (3, 3)),
     (ForwardMode.DECODE, 256, 1, (128, 128)), (ForwardMode.TARGET_VERIFY, 12, 4, (1, 4)),
@@ -91,3 +111,10 @@ def test_inconsistent_split_index_is_refused(threshold) -> None:
     threshold(0.48)
     with pytest.raises(ValueError, match="not the planned"):
         glue.compute_split_token_index(0, ForwardMode.EXTEND, [498, 502], None)
+
+
+def test_no_hook_replaces_upstream_outright() -> None:
+    """hooks.py's promise: with its mode off every hook hands back to upstream's function."""
+    from sglang_overlap.sglang import hooks
+
+    assert [s.target for s in hooks.all_specs() if s.kind == "replace"] == []

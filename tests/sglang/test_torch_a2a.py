@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("sglang.srt.layers.moe.token_dispatcher.deepep",
-                    reason="sglang 0.5.23 is not installed")
+from tests.conftest import require_module
+
+require_module("sglang.srt.layers.moe.token_dispatcher.deepep")
 
 from sglang.srt.layers.moe.token_dispatcher import deepep  # noqa: E402
 from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402

@@ -3,7 +3,7 @@ error text that names them (the device side runs in tests/gpu/test_sbo_layer.py)
 
 from __future__ import annotations
 
-from sglang_overlap.kernels.sbo_watchdog import diagnose, waited_units
+from benchmarks.harness.sbo_watchdog import diagnose, waited_units
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 

@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from sglang_overlap.planning.two_batch import ForwardKind
-from sglang_overlap.reference import executors
-from sglang_overlap.reference.stages import build_program, split_stages
-from tests.fixtures.engine_cases import (
+from tests.fixtures.oracle_cases import (
     EXECUTORS,
     Case,
     assert_bitwise,
@@ -17,6 +15,8 @@ from tests.fixtures.engine_cases import (
     no_host_sync,
     run,
 )
+from tests.oracle import executors
+from tests.oracle.stages import build_program, split_stages
 
 DECODE = ForwardKind.DECODE
 EXTEND = ForwardKind.EXTEND
@@ -144,8 +144,8 @@ def test_gate_and_shared_callables_replace_the_weights() -> None:
     """The glue can hand in the model's own gate and shared expert as callables."""
     from dataclasses import replace
 
-    from sglang_overlap.reference.experts import swiglu
-    from sglang_overlap.reference.router import gate_logits
+    from tests.oracle.experts import swiglu
+    from tests.oracle.router import gate_logits
 
     case = CASES["decode_bs7"]
     want = run(case, "tbo", lambda c: local_layers(c, 8))

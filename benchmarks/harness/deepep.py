@@ -1,8 +1,10 @@
-"""DeepEP behind the engine's `Dispatcher` interface: low-latency and normal mode.
+"""The harness's DeepEP: `HarnessDeepEPDispatcher`, the kernels' `Dispatcher` interface over a
+DeepEP `Buffer` in low-latency and normal mode; buffer sizing; `load_deep_ep`. (SGLang's own
+`DeepEPDispatcher` is what a server runs; this one only runs in tests/gpu and the benchmarks.)
 
-The only engine module that imports `deep_ep` (lazily, in `DeepEPDispatcher.create`): the
-dispatcher itself takes any object with DeepEP's `Buffer` methods, so the plumbing is testable
-where DeepEP cannot load.
+The only harness module that imports `deep_ep` (lazily, in `HarnessDeepEPDispatcher.create`):
+the dispatcher itself takes any object with DeepEP's `Buffer` methods, so the plumbing is
+testable where DeepEP cannot load.
 
 Legend (DeepEP's names): T tokens of this rank, K top-k, H hidden, E global experts,
 E_local = E / W local experts, W ranks, N num_max_dispatch_tokens_per_rank, C = N * W
@@ -12,7 +14,7 @@ Low latency (decode): `low_latency_dispatch(..., return_recv_hook=True)` only is
 sends; the receive hook completes them. Combine likewise, with the SBO overlap arguments in the
 form the installed `deep_ep` declares (see `combine_overlap_kwargs`). Normal (prefill): DeepEP
 sends each token once per destination rank; this backend expands the received tokens into one
-row per (token, k) pair targeting a local expert (the engine's normal layout), and before the
+row per (token, k) pair targeting a local expert (the kernels' normal layout), and before the
 combine reduces them per token with the top-k weights, because DeepEP's normal combine sums
 without weights.
 
@@ -48,7 +50,7 @@ from typing import Any
 
 import torch
 
-from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
+from sglang_overlap.kernels.combine_overlap import combine_overlap_kwargs
 from sglang_overlap.kernels.contracts import (
     Layout,
     LowLatencyDispatchOutput,
@@ -169,7 +171,7 @@ class _Handle:
     recv_count: torch.Tensor | None = None  # LL: [E_local] int32 (per-block combine needs it)
 
 
-class DeepEPDispatcher:
+class HarnessDeepEPDispatcher:
     """`Dispatcher` over a DeepEP `Buffer` (or anything with its methods)."""
 
     def __init__(self, buffer: Any, plan: DeepEPBufferPlan, *,
@@ -184,7 +186,7 @@ class DeepEPDispatcher:
 
     @classmethod
     def create(cls, group: Any, plan: DeepEPBufferPlan, *,
-               combine_form: CombineForm | None = None) -> DeepEPDispatcher:
+               combine_form: CombineForm | None = None) -> HarnessDeepEPDispatcher:
         """Allocate DeepEP's buffer for `plan` on `group` (imports deep_ep)."""
         from deep_ep import Buffer
 
@@ -299,9 +301,7 @@ class DeepEPDispatcher:
 __all__ = [
     "FORM_INSTALL",
     "DeepEPBufferPlan",
-    "DeepEPDispatcher",
-    "check_combine_call",
-    "combine_overlap_kwargs",
+    "HarnessDeepEPDispatcher",
     "load_deep_ep",
     "plan_deepep_buffer",
 ]

@@ -12,7 +12,7 @@ from sglang_overlap.kernels.contracts import (
     LowLatencyDispatchOutput,
     NormalDispatchOutput,
 )
-from sglang_overlap.reference.experts import LocalDispatcher, ReferenceExperts, swiglu
+from tests.oracle.experts import LocalDispatcher, ReferenceExperts, swiglu
 
 E, H, INTER, K = 8, 64, 32, 3
 

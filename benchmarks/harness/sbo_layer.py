@@ -37,15 +37,16 @@ from typing import Any, Literal
 
 import torch
 
+from benchmarks.harness.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels import deepgemm, fp8
 from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
 from sglang_overlap.kernels.combine_overlap import layout_overlap_kwargs
 from sglang_overlap.kernels.down_gemm import (
+    DEEPGEMM_CAPACITY_ALIGN,
     combine_signal_layout,
     prepare_signal_down_gemm,
     signal_down_gemm,
 )
-from sglang_overlap.kernels.sbo_watchdog import WATCHDOG_ENV, wait_or_raise
 from sglang_overlap.kernels.signals import new_signal
 from sglang_overlap.planning.sbo_layout import SboLayout, default_comm_num_sms
 from sglang_overlap.planning.sbo_path import CombineForm
@@ -113,9 +114,9 @@ class DeepEPSboLayer:
                  form: CombineForm | None,
                  comm_num_sms: int = default_comm_num_sms(blackwell=False),
                  watchdog_s: float | None = None) -> None:
-        if shape.capacity % deepgemm_align():
-            raise ValueError(f"DeepGEMM's masked GEMM needs C = N * W a multiple of 64 "
-                             f"(got {shape.capacity})")
+        if shape.capacity % DEEPGEMM_CAPACITY_ALIGN:
+            raise ValueError(f"DeepGEMM's masked GEMM needs C = N * W a multiple of "
+                             f"{DEEPGEMM_CAPACITY_ALIGN} (got {shape.capacity})")
         self.buffer, self.shape, self.weights, self.form = buffer, shape, weights, form
         self.comm_num_sms = comm_num_sms
         self.num_sms = num_sms()
@@ -262,10 +263,6 @@ class DeepEPSboLayer:
         with torch.cuda.stream(self.comm_stream):
             chook()
         compute.wait_stream(self.comm_stream)
-
-
-def deepgemm_align() -> int:
-    return 64  # sgl-deep-gemm 0.1.4's masked GEMM mis-computes other capacities (GPU.md)
 
 
 __all__ = ["MODES", "DeepEPSboLayer", "Dispatched", "Mode", "MoeShape", "MoeWeights"]

@@ -24,7 +24,7 @@ import torch
 from sglang_overlap.kernels.contracts import Layout
 from sglang_overlap.planning.interleave import interleaved_order
 from sglang_overlap.planning.two_batch import TwoBatchPlan
-from sglang_overlap.reference.stages import (
+from tests.oracle.stages import (
     SCHEDULE_DELTA,
     AttentionOps,
     MicroBatch,

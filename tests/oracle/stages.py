@@ -44,8 +44,8 @@ from sglang_overlap.planning.sbo_layout import (
     plan_sbo_layout,
 )
 from sglang_overlap.planning.two_batch import ChildPlan
-from sglang_overlap.reference import experts as reference
-from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
+from tests.oracle import experts as reference
+from tests.oracle.router import RouterConfig, gate_logits, select_experts
 
 Schedule = Literal["serial", "decode", "prefill", "sbo"]
 SCHEDULE_DELTA = {"decode": 2, "prefill": 0}

@@ -13,7 +13,7 @@ step's output is then wrong, and the error says so.
 host code can break (seen on the H200, `benchmarks/results/h200_sbo_layer.md`): a producer kernel
 launched for the first time after the send spins. CUDA's lazy loading then waits for the device
 to go idle inside that launch, and the release copy blocks in the driver too; only killing the
-process ends it. `kernels/sbo_layer.py`'s launch order rules that case out.
+process ends it. `sbo_layer.py`'s launch order rules that case out.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_overlap.reference.router import RouterConfig, gate_logits, select_experts
+from tests.oracle.router import RouterConfig, gate_logits, select_experts
 
 
 def brute_force(logits: list[float], bias: list[float], cfg: RouterConfig

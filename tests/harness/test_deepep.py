@@ -11,16 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.harness.deepep import HarnessDeepEPDispatcher, plan_deepep_buffer
 from sglang_overlap.kernels.capabilities import FunctionParams, package_dir, read_params
-from sglang_overlap.kernels.deepep import (
-    DeepEPDispatcher,
-    check_combine_call,
-    combine_overlap_kwargs,
-    plan_deepep_buffer,
-)
+from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
 from sglang_overlap.kernels.signals import SignalContract
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
-from sglang_overlap.reference.experts import LocalDispatcher, ReferenceExperts
+from tests.oracle.experts import LocalDispatcher, ReferenceExperts
 
 INSTALLED = package_dir("deep_ep") is not None
 needs_deep_ep = pytest.mark.skipif(not INSTALLED, reason="sgl-deep-ep not installed")
@@ -226,10 +222,10 @@ def _run(dispatcher: Any, experts: ReferenceExperts, hidden: torch.Tensor, ids: 
     return dispatcher.combine_recv(dispatcher.combine_send(y, out, signal=signal))
 
 
-def _dispatcher(e: int, n: int, form: Any = None) -> tuple[DeepEPDispatcher, LoopbackBuffer]:
+def _dispatcher(e: int, n: int, form: Any = None) -> tuple[HarnessDeepEPDispatcher, LoopbackBuffer]:
     plan = plan_deepep_buffer(hidden=16, num_experts=e, world_size=1, max_batch_per_rank=n)
     buf = LoopbackBuffer()
-    return DeepEPDispatcher(buf, plan, combine_form=form), buf
+    return HarnessDeepEPDispatcher(buf, plan, combine_form=form), buf
 
 
 @needs_deep_ep

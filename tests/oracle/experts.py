@@ -1,4 +1,4 @@
-"""Reference backend: pure torch experts, a shared expert, and a local dispatcher (EP = 1).
+"""The oracle backend: pure torch experts, a shared expert, and a local dispatcher (EP = 1).
 
 Every row is computed independently of the other rows in its batch (`rowwise`), so on CPU the
 result of a token does not depend on how the batch was split into micro-batches: this is what
@@ -23,8 +23,8 @@ from sglang_overlap.kernels.contracts import (
     NormalDispatchOutput,
     SignalContract,
 )
-from sglang_overlap.kernels.layouts import PackInfo, pack, unpack, weighted_sum
 from sglang_overlap.kernels.streams import StreamPair
+from tests.oracle.packing import Placement, gather_back, place, weighted_sum
 
 
 def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ class LocalDispatcher:
             flat_ids = topk_ids.reshape(t * k)  # [T*K]
             expert = torch.where(flat_ids >= 0, flat_ids, e)
             expected_m = (t * k + e) // e
-            out = pack(rows, expert, num_local_experts=e, capacity=self.capacity,
+            out = place(rows, expert, num_local_experts=e, capacity=self.capacity,
                        layout=layout, expected_m=expected_m,
                        handle_extra=(topk_ids, topk_weights))
         return _LocalPending(out, topk_ids, topk_weights, done[0])
@@ -122,10 +122,10 @@ class LocalDispatcher:
         self.streams.wait(pending.event)
         d = pending.dispatched
         assert d is not None
-        info = d.handle[0]
+        placement = d.handle[0]
         extra = (d.masked_m,) if isinstance(d, LowLatencyDispatchOutput) else (
             d.row_expert, d.num_tokens_per_expert)
-        self.streams.hand_back(d.hidden, info.order, info.flat_index, *extra)
+        self.streams.hand_back(d.hidden, placement.position, *extra)
         return d
 
     def combine_send(
@@ -135,12 +135,12 @@ class LocalDispatcher:
         *,
         signal: SignalContract | None = None,
     ) -> _LocalPending:
-        info, extra = dispatched.handle
-        assert isinstance(info, PackInfo)
+        placement, extra = dispatched.handle
+        assert isinstance(placement, Placement)
         topk_ids, topk_weights = extra
         with self.streams.comm("combine_send") as done:
             self.streams.hand_over(expert_out)
-            pair_out = unpack(expert_out, info, signal)  # [T*K, H]
+            pair_out = gather_back(expert_out, placement, signal)  # [T*K, H]
             out = weighted_sum(pair_out, topk_ids, topk_weights)  # [T, H]
         return _LocalPending(None, topk_ids, topk_weights, done[0], out)
 
