@@ -66,7 +66,7 @@ def test_plugin_a2a_backend_is_a_parser_choice() -> None:
         (["--overlap-gating", "auto"], "--overlap-gating auto needs"),
         (["--sbo-down-gemm-overlap", "force"], "needs --enable-single-batch-overlap"),
         (["--moe-a2a-backend", "torch_a2a", "--enable-two-batch-overlap"],
-         "torch_a2a needs --tp 2 or more (experts are spread over the tensor-parallel ranks; "
+         "torch_a2a needs --tp 2 or more (experts are spread over the tensor-parallel ranks, "
          "got --tp 1)"),
     ],
 )
