@@ -92,7 +92,12 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     rt.expect(decision)
     state.set_step_mode(decision.mode)
     stats.count(_STATS_KEY[decision.mode])
+    if decision.busiest > 0:
+        stats.add("decisions", phase, decision.mode)
+        if decision.explored:
+            stats.add("explored_steps", phase, decision.mode)
     if decision.changed:
+        stats.add("decision_changes", phase)
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
     if decision.mode not in ("tbo", "two_chunk"):
         mlp_sync_info.tbo_split_seq_index = None

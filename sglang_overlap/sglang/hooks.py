@@ -55,6 +55,8 @@ GLUE_MODULES: tuple[str, ...] = (
     "moe_utils",  # sglang.srt.layers.moe.utils
     "single_batch_overlap",  # sglang.srt.batch_overlap.single_batch_overlap
     "deep_gemm_wrapper",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
+    "deepseek_v2",  # sglang.srt.models.deepseek_v2
+    "decode_cuda_graph_runner",  # sglang.srt.model_executor.runner.decode_cuda_graph_runner
 )
 
 

@@ -8,7 +8,10 @@ instead of at the first gated step.
 `ModelRunner.forward` (AROUND): a step is one forward of the model. When the gate decided this
 step, time it into the gate's (phase, token bucket, mode) cell: wall time on CPU (where the
 forward is synchronous), two CUDA events on GPU, read later only once completed (no device sync
-on the hot path). Draft-model forwards and steps the gate did not decide are not timed.
+on the hot path). Draft-model forwards and steps the gate did not decide are not timed. Every
+non-idle forward of the served model is counted (`stats.add("steps", phase, mode, runner)`): the
+mode SGLang runs for the batch (`decode_cuda_graph_runner.step_graph_mode`), and whether it
+replayed a graph or ran eager.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sglang_overlap import stats
 from sglang_overlap.sglang import gate, state
+from sglang_overlap.sglang.decode_cuda_graph_runner import step_graph_mode
 from sglang_overlap.sglang.hooks import HookSpec
 
 INITIALIZE = "sglang.srt.model_executor.model_runner.ModelRunner.initialize"
@@ -30,11 +35,29 @@ def start_gate(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def timed_forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-    rt = gate.runtime()
-    if rt is None or self.is_draft_worker:
+    if self.is_draft_worker:
         return orig(self, forward_batch, *args, **kwargs)
-    cell = rt.take_pending()
-    if cell is None:
+    phase_mode = _phase_mode(forward_batch)
+    out = _timed(orig, self, forward_batch, *args, **kwargs)
+    if phase_mode is not None:
+        runner = "graph" if getattr(out, "can_run_graph", False) else "eager"
+        stats.add("steps", *phase_mode, runner)
+    return out
+
+
+def _phase_mode(forward_batch: Any) -> tuple[str, str] | None:
+    """(phase, mode) of the step about to run, from what SGLang will run (None: idle)."""
+    fm = forward_batch.forward_mode
+    if fm.is_idle():
+        return None
+    phase = "prefill" if fm.is_extend() and not fm.is_target_verify() else "decode"
+    return phase, step_graph_mode(forward_batch)
+
+
+def _timed(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = gate.runtime()
+    cell = rt.take_pending() if rt is not None else None
+    if rt is None or cell is None:
         return orig(self, forward_batch, *args, **kwargs)
     if rt.cuda:
         import torch
