@@ -25,6 +25,7 @@ pytest.importorskip("sglang.srt.managers.scheduler_components.dp_attn",
 from sglang.srt.managers.scheduler_components import dp_attn as upstream_dp_attn  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
+from sglang_overlap import stats  # noqa: E402
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior  # noqa: E402
 from sglang_overlap.planning.cost.profiles import (  # noqa: E402
     Deployment,
@@ -184,6 +185,7 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
     rt = _runtime(Prior(), min_trials=0)
     gate.set_runtime(rt)
     caplog.set_level(logging.INFO, logger="sglang_overlap")
+    before = stats.snapshot()
     batch = SimpleNamespace()
     info = _sync_info(ForwardMode.DECODE, 8, tbo_split=4)
     upstream_dp_attn._update_gather_batch(batch, info, True)
@@ -201,6 +203,13 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
         "sglang-overlap gate: decode -> tbo", "sglang-overlap gate: prefill -> none",
         "sglang-overlap gate: decode -> sbo"], lines
     assert "step 1 decode busiest=8" in lines[0]
+    after = stats.snapshot()
+    for series, want in (("decisions", {("decode", "tbo"): 1, ("prefill", "none"): 1,
+                                        ("decode", "sbo"): 1}),
+                         ("decision_changes", {("decode",): 2, ("prefill",): 1})):
+        grown = {k: v - before[series].get(k, 0) for k, v in after[series].items()
+                 if v != before[series].get(k, 0)}
+        assert grown == want, series
 
 
 def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings) -> None:
@@ -230,6 +239,10 @@ def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings)
         assert d.mode == "tbo", "the gate alone, offered TBO, takes it"
 
 
+def _fb(name: str, mode: ForwardMode = ForwardMode.DECODE, tbo: bool = False) -> Any:
+    return SimpleNamespace(name=name, forward_mode=mode, can_run_tbo=tbo)
+
+
 def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
     gate.set_runtime(rt)
@@ -237,26 +250,47 @@ def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     calls = []
 
     def forward(self: Any, batch: Any) -> str:
-        calls.append(batch)
+        calls.append(batch.name)
         return "out"
 
-    assert model_runner.timed_forward(forward, runner, "b0") == "out"  # nothing decided
+    assert model_runner.timed_forward(forward, runner, _fb("b0")) == "out"  # nothing decided
     assert rt.local.empty()
     d = rt.gate.decide("decode", [8])
     rt.expect(d)
-    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), "draft")
+    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("draft"))
     assert rt.local.empty() and rt.pending is not None, "draft forwards are not the step"
-    model_runner.timed_forward(forward, runner, "b1")
+    model_runner.timed_forward(forward, runner, _fb("b1"))
     cell = cell_index("decode", measure_bucket(8), "none")
     assert rt.local.empty() and rt.pending is None, "the first step of a (phase, mode) is dropped"
     rt.expect(rt.gate.decide("decode", [8]))
-    model_runner.timed_forward(forward, runner, "b2")
+    model_runner.timed_forward(forward, runner, _fb("b2"))
     assert rt.local.count(cell) == 1 and calls == ["b0", "draft", "b1", "b2"]
-    model_runner.timed_forward(forward, runner, "b3")
+    model_runner.timed_forward(forward, runner, _fb("b3"))
     assert rt.local.count(cell) == 1, "one decision, one timed forward"
     rt.expect(rt.gate.decide("decode", [100]))  # another bucket, same (phase, mode): timed
-    model_runner.timed_forward(forward, runner, "b4")
+    model_runner.timed_forward(forward, runner, _fb("b4"))
     assert rt.local.count(cell_index("decode", measure_bucket(100), "none")) == 1
+
+
+def test_every_served_step_is_counted_by_what_ran(auto_settings) -> None:
+    runner = SimpleNamespace(is_draft_worker=False)
+
+    def forward(self: Any, batch: Any) -> Any:
+        return SimpleNamespace(can_run_graph=batch.name == "graph")
+
+    def steps() -> dict[tuple[str, ...], int]:
+        return dict(stats.snapshot()["steps"])
+
+    before = steps()
+    state.set_step_mode("sbo")
+    model_runner.timed_forward(forward, runner, _fb("graph"))
+    model_runner.timed_forward(forward, runner, _fb("eager", ForwardMode.EXTEND, tbo=True))
+    model_runner.timed_forward(forward, runner, _fb("graph", ForwardMode.IDLE))  # not a step
+    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("graph"))
+    state.set_step_mode(None)
+    after = steps()
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert grown == {("decode", "sbo", "graph"): 1, ("prefill", "tbo", "eager"): 1}
 
 
 def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None:
