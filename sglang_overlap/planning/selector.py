@@ -187,7 +187,7 @@ class ModeSelector:
             return current, "still the fastest"
         if estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
             self._current[phase] = best
-            return best, f"beats {current} by more than {self.config.hysteresis:.0%}"
+            return best, f"beats {current} by at least {self.config.hysteresis:.0%}"
         return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
 

@@ -14,7 +14,14 @@ import pytest
 
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior
 from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
-from sglang_overlap.planning.selector import Decision, ModeSelector, SelectorConfig
+from sglang_overlap.planning.selector import (
+    Decision,
+    ModeSelector,
+    SelectorConfig,
+    check_explore_share,
+    check_hysteresis,
+    check_trials,
+)
 from sglang_overlap.planning.step_table import NUM_CELLS, StepTable, cell_index, measure_bucket
 
 DSV3 = load_model("deepseek-v3")
@@ -183,6 +190,51 @@ def test_bad_arguments() -> None:
         _gate().decide("verify", [1])  # type: ignore[arg-type]
 
 
+def test_flag_ranges_are_closed_intervals() -> None:
+    """--overlap-gating-hysteresis and --overlap-gating-explore take [0, 0.5],
+    --overlap-gating-trials [0, 100]: both ends accepted, one step past either refused."""
+    for h in (0.0, 0.5):
+        check_hysteresis(h)
+    for share in (0.0, 0.5):
+        check_explore_share(share)
+    for n in (0, 100):
+        check_trials(n)
+    for check, bad in ((check_hysteresis, -1e-9), (check_hysteresis, 0.5 + 1e-9),
+                       (check_explore_share, -1e-9), (check_explore_share, 0.5 + 1e-9),
+                       (check_trials, -1), (check_trials, 101), (check_trials, True)):
+        with pytest.raises(ValueError, match="--overlap-gating-"):
+            check(bad)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("challenger", "switches"), [(75.0, True), (75.5, False)])
+def test_hysteresis_switches_at_exactly_the_margin(challenger: float, switches: bool) -> None:
+    """The selector leaves its mode for one estimated at least `hysteresis` faster: with 25%,
+    a mode measured at 75 us replaces one at 100 us, one at 75.5 us does not."""
+    sel = ModeSelector(TablePrior({("decode", "none"): 10.0, ("decode", "tbo"): 20.0}),
+                       SelectorConfig(hysteresis=0.25, min_trials=0))
+    assert sel.decide("decode", [8]).mode == "none"  # the prior's choice: the current mode
+    b = measure_bucket(8)
+    sel.merge_cells([(cell_index("decode", b, "none"), 2, 200),
+                     (cell_index("decode", b, "tbo"), 2, int(2 * challenger))])
+    d = sel.decide("decode", [8])
+    assert (d.mode == "tbo") is switches, f"{challenger=} {d.reason}"
+    if switches:
+        assert d.why == "beats none by at least 25%"
+
+
+def test_no_trials_means_no_refresh_either() -> None:
+    """--overlap-gating-trials 0: the estimates alone decide; a mode left behind is never
+    re-run to measure it, however long ago it ran."""
+    prior = TablePrior({("decode", "none"): 10.0, ("decode", "tbo"): 5.0})
+    sel = ModeSelector(prior, SelectorConfig(min_trials=0, explore_share=0.5, refresh_first=1,
+                                             refresh_every=2))
+    none = cell_index("decode", measure_bucket(16), "none")
+    sel.merge_cells([(none, 1, 1000)])  # none measured once (not by this selector's choice)
+    ds = _decide(sel, {"none": 1000.0, "tbo": 1300.0}, 40)
+    assert [d.mode for d in ds[:2]] == ["tbo", "none"] and ds[-1].mode == "none"
+    assert not any(d.explored for d in ds), [d.why for d in ds if d.explored]
+
+
 # -- measurements --------------------------------------------------------------------------------
 
 def test_calibrated_prior_hand_worked() -> None:
@@ -223,7 +275,7 @@ def test_an_exploration_that_becomes_the_choice_is_a_change() -> None:
     ds = _decide(gate, truth, 6)
     assert [(d.mode, d.explored, d.changed) for d in ds[:4]] == [
         ("tbo", False, True), ("none", True, True), ("none", False, True), ("none", False, False)]
-    assert ds[2].why == "beats tbo by more than 3%"
+    assert ds[2].why == "beats tbo by at least 3%"
 
 
 def test_measured_faster_mode_wins_against_a_flat_prior() -> None:
