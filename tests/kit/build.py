@@ -37,7 +37,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KIT_SOURCES = ("build.py", "libcuda_stub.c", "libibverbs_stub.c", "libibverbs.map",
-               "cpu_shim/pyproject.toml", "cpu_shim/sglang_cpu_shim/__init__.py")
+               "cpu_shim/pyproject.toml", "cpu_shim/sglang_cpu_shim/__init__.py",
+               "cpu_shim/sglang_cpu_shim/graphs.py")
 MODEL_SOURCES = ("make_tiny_dsv3.py",)
 MODEL_PACKAGES = ("torch", "transformers", "tokenizers")
 INSTALL_HINT = "pip install -e '.[sglang,test]' from the checkout"
