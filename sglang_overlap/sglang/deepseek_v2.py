@@ -14,11 +14,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.settings import SettingsError
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 
 FORWARD_DEEPEP = "sglang.srt.models.deepseek_v2.DeepseekV2MoE.forward_deepep"
 _CAPABLE = "_sglang_overlap_sbo_capable"  # the layer's own value of the cached SBO choice
+_CACHED = "_fuse_shared_experts_inside_sbo"  # upstream's per-layer SBO choice
+
+
+def check_model(model: Any) -> None:
+    """Refuse (SettingsError naming the flags) a model with an SBO-capable MoE layer other than
+    `DeepseekV2MoE` under the selector with SBO: its SBO could not be switched per step."""
+    s = state.settings()
+    if not s.enable_single_batch_overlap or s.overlap_gating != "auto":
+        return
+    from sglang.srt.models.deepseek_v2 import DeepseekV2MoE
+
+    others = sorted({type(m).__name__ for m in model.modules()
+                     if hasattr(m, _CACHED) and not isinstance(m, DeepseekV2MoE)})
+    if others:
+        raise SettingsError(
+            f"sglang-overlap: --overlap-gating auto with --enable-single-batch-overlap switches "
+            f"SBO per step only in DeepseekV2MoE layers; this model's {', '.join(others)} would "
+            f"run SBO in every step whatever the selector chose. Drop --overlap-gating auto or "
+            f"--enable-single-batch-overlap")
 
 
 def forward_deepep(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -28,7 +28,7 @@ from sglang_overlap.planning.cost.profiles import (
 )
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.settings import OverlapSettings
-from sglang_overlap.sglang import state
+from sglang_overlap.sglang import deepseek_v2, state
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, Transport
 
 logger = logging.getLogger("sglang_overlap")
@@ -105,6 +105,7 @@ def build_runtime(model_runner: Any) -> SelectorRuntime:
     from sglang.srt.runtime_context import get_server_args
 
     s = state.settings()
+    deepseek_v2.check_model(model_runner.model)
     model = _model_profile(model_runner)
     deploy = _deployment(s, get_server_args())
     device = str(getattr(model_runner, "device", "cpu"))

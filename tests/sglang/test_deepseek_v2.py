@@ -158,3 +158,33 @@ def test_the_layer_value_is_restored_when_the_forward_raises() -> None:
         state.configure(None)
         state.set_step_mode(None)
     assert layer._fuse_shared_experts_inside_sbo is True
+
+
+def _moe_like(cls: type) -> Any:
+    layer = cls.__new__(cls)  # no weights: only the class and the cached SBO choice matter
+    layer.__dict__["_fuse_shared_experts_inside_sbo"] = True
+    return layer
+
+
+class _OtherMoE(torch.nn.Module):
+    pass
+
+
+def test_a_model_whose_sbo_cannot_be_switched_is_refused_naming_the_flags() -> None:
+    from types import SimpleNamespace
+
+    from sglang_overlap.settings import SettingsError
+    from sglang_overlap.sglang import deepseek_v2
+
+    ok = SimpleNamespace(modules=lambda: [_moe_like(DeepseekV2MoE), torch.nn.Linear(1, 1)])
+    bad = SimpleNamespace(modules=lambda: [_moe_like(DeepseekV2MoE), _moe_like(_OtherMoE)])
+    state.configure(AUTO)
+    try:
+        deepseek_v2.check_model(ok)
+        with pytest.raises(SettingsError, match="_OtherMoE.*--overlap-gating auto or "
+                                                "--enable-single-batch-overlap"):
+            deepseek_v2.check_model(bad)
+        state.configure(FIXED)
+        deepseek_v2.check_model(bad)  # fixed SBO: upstream's path in every step, as asked
+    finally:
+        state.configure(None)
