@@ -3,7 +3,8 @@ SGLang's own `DecodeCudaGraphRunner` (the kit's stand-in graph backend, SGLANG_C
 with TBO and SBO enabled: every decode step in the captured range replays a graph of the mode the
 selector chose (one graph set per mode, `sglang/decode_cuda_graph_runner.py`), none runs eager,
 the selector's table holds the replays' times, both ranks decide alike, and greedy tokens equal
-the eager server's without overlap.
+the eager server's without overlap; and the reliability probes of test_reliability.py get the
+answers of the server without the plugin.
 
 Evidence is read where the server keeps it: the stand-in backend's captures and replays per
 graph key and TP rank (SGLANG_CPU_SHIM_COUNTERS), the plugin's step counters and learned table
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import probes
 import pytest
 from graph_runs import GRAPH_BS, GRAPH_ENV
-from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, OverlapRuns
+from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, OverlapRuns, Probes, _probe
 from servers import Server
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +43,8 @@ class SelectorRun:
     log: str
     table: dict[str, Any]  # the selector's /server_info entry (internal_state.served_table)
     counters: dict[int, dict[str, Any]]  # TP rank -> the stand-in backend's snapshot
+    probes: Probes  # test_reliability.py's cases, sent after the counters were read
+    probe_log: str
 
     def series(self, name: str) -> dict[tuple[str, ...], int]:
         return {tuple(row[:-1]): row[-1] for row in self.table["counters"].get(name, [])}
@@ -70,8 +74,9 @@ def run(request: Any, tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
             server.generate([LONG], NEW_TOKENS)
         table = _server_table(server.url)
         log = server.log_text()
-    snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
-    return SelectorRun(ids, log, table, {int(s["rank"]): s for s in snaps})
+        snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
+        found, probe_log = _probe(server)
+    return SelectorRun(ids, log, table, {int(s["rank"]): s for s in snaps}, found, probe_log)
 
 
 def test_greedy_tokens_equal_the_eager_server_without_overlap(
@@ -116,3 +121,24 @@ def test_both_tp_ranks_log_the_identical_decision_sequence(run: SelectorRun) -> 
         seqs.setdefault(rank, []).append(decision)
     assert set(seqs) == {"TP0", "TP1"} and len(seqs["TP0"]) >= 3, seqs
     assert seqs["TP0"] == seqs["TP1"]
+
+
+BASELINE = "plain_without_plugin"
+
+
+def test_reliability_probes_answer_as_without_the_plugin(run: SelectorRun,
+                                                         overlap_runs: OverlapRuns) -> None:
+    want = overlap_runs[BASELINE].probes
+    assert want is not None
+    for case, outcome in want.cases.items():
+        assert run.probes.cases[case] == outcome, f"{case=}\n{run.probes.cases[case]=}"
+    for i, (w, g) in enumerate(zip(want.streams.values(), run.probes.streams.values(),
+                                   strict=True)):
+        if i % 2:  # dropped by the client after its first event
+            assert g.status == w.status == 200, f"stream {i}: {g=} {w=}"
+        else:
+            assert g == w, f"stream {i}:\n{g=}\n{w=}"
+    assert run.probes.after == want.after
+    assert run.probes.ending.status == want.ending.status
+    extra = probes.tracebacks(run.probe_log) - probes.tracebacks(overlap_runs[BASELINE].log)
+    assert not extra, sorted(extra)
