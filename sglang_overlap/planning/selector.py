@@ -26,7 +26,7 @@ from sglang_overlap.planning.step_table import StepTable, cell_index, measure_bu
 
 logger = logging.getLogger("sglang_overlap.selector")
 
-Mode = Literal["none", "tbo", "sbo", "two_chunk"]
+Mode = Literal["none", "tbo", "sbo"]
 Phase = Literal["decode", "prefill"]
 HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
 EXPLORE_FLAG = "--overlap-gating-explore"

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from sglang_overlap.planning.selector_estimates import OFFSET, Estimates
 
-ORDER = {"none": 0, "tbo": 1, "sbo": 2, "two_chunk": 3}  # ties go to the simpler mode
+ORDER = {"none": 0, "tbo": 1, "sbo": 2}  # ties go to the simpler mode
 
 
 class ExploreConfig(Protocol):

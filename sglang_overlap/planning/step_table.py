@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 PHASES = ("decode", "prefill")
-MODES = ("none", "tbo", "sbo", "two_chunk")
+MODES = ("none", "tbo", "sbo")  # the selector's modes (prefill TBO is "tbo" too)
 NUM_BUCKETS = 96
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 _MODE_INDEX = {m: i for i, m in enumerate(MODES)}

@@ -87,7 +87,7 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
     if mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
             ForwardKind.EXTEND if phase == "prefill" else ForwardKind.DECODE,
             max(tokens, default=0), _tokens_per_seq(mlp_sync_info)):
-        available |= {"tbo", "two_chunk"}
+        available.add("tbo")
     decision = rt.selector.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
     rt.expect(decision)
     state.set_step_mode(decision.mode)
@@ -99,7 +99,7 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
     if decision.changed:
         stats.add("decision_changes", phase)
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
-    if decision.mode not in ("tbo", "two_chunk"):
+    if decision.mode != "tbo":
         mlp_sync_info.tbo_split_seq_index = None
         mlp_sync_info.global_forward_mode = None
 

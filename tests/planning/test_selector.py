@@ -431,7 +431,7 @@ class ReferenceSelector:
         corrected = {m: prior[m] * self.corr.get((phase, m), 1.0) for m in cands}
         scale = sum(meas.values()) / sum(corrected[m] for m in meas) if meas else 1.0
         est = {m: meas.get(m, corrected[m] * scale) for m in cands}
-        order = ["none", "tbo", "sbo", "two_chunk"]
+        order = ["none", "tbo", "sbo"]
         best = sorted(cands, key=lambda m: (est[m], order.index(m)))[0]
         cur = self.current.get(phase)
         if cur is None or cur not in est:
@@ -460,17 +460,17 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
     prior = TablePrior({
         ("decode", "none"): rng.uniform(5, 10), ("decode", "tbo"): rng.uniform(3, 12),
         ("decode", "sbo"): rng.uniform(4, 11), ("prefill", "none"): 50.0,
-        ("prefill", "two_chunk"): rng.uniform(30, 70)})
+        ("prefill", "tbo"): rng.uniform(30, 70)})
     cfg = SelectorConfig(hysteresis=rng.choice([0.0, 0.03, 0.1]), min_trials=rng.randint(1, 4),
                      explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9,
                      refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]))
     gate, ref = ModeSelector(prior, cfg), ReferenceSelector(prior, cfg)
-    speed = {m: rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo", "two_chunk")}
+    speed = {m: rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo")}
     pending: list[tuple[str, int, str, float]] = []
     for step in range(400):
         phase = "prefill" if rng.random() < 0.2 else "decode"
         busiest = rng.choice([3, 17, 18, 40, 300]) * (8 if phase == "prefill" else 1)
-        allowed = {m for m in ("tbo", "sbo", "two_chunk") if rng.random() < 0.9}
+        allowed = {m for m in ("tbo", "sbo") if rng.random() < 0.9}
         got = gate.decide(phase, [busiest, busiest // 2], frozenset(allowed))  # type: ignore[arg-type]
         want = ref.decide(phase, busiest, allowed)
         assert got.mode == want, f"{seed=} {step=} {phase=} {busiest=} {got=}"
@@ -489,7 +489,7 @@ def test_ranks_with_different_timings_decide_identically_after_sharing(seed: int
     ranks = [ModeSelector(FlatPrior(frozenset({"tbo", "sbo", "two_chunk"})),
                   SelectorConfig(min_trials=3, explore_share=0.1)) for _ in range(4)]
     local = [StepTable() for _ in ranks]
-    base = {"none": 1000.0, "tbo": 1150.0, "sbo": 980.0, "two_chunk": 900.0}
+    base = {"none": 1000.0, "tbo": 1150.0, "sbo": 980.0}
     for step, (phase, tokens) in enumerate(_workload(seed, 600, ranks=4)):
         if step % 8 == 7:
             total = StepTable()  # the all-reduce: integer sums, the same on every rank

@@ -74,7 +74,7 @@ def test_summed_triples_are_rank_order_independent() -> None:
 
 def test_mean_count_cap_and_clear() -> None:
     t = StepTable()
-    c = cell_index("prefill", 10, "two_chunk")
+    c = cell_index("prefill", 10, "tbo")
     assert t.mean(c) is None and t.empty()
     for us in (100.4, 200.6, 300.0):
         t.add(c, us)
@@ -131,7 +131,7 @@ def test_take_then_add_cells_moves_exactly_the_measured_cells(seed: int) -> None
 
 def test_add_cells_refuses_a_bad_triple() -> None:
     t = StepTable()
-    with pytest.raises(ValueError, match="0 <= cell < 768"):
+    with pytest.raises(ValueError, match="0 <= cell < 576"):
         t.add_cells([(NUM_CELLS, 1, 10)])
     with pytest.raises(ValueError, match="count >= 0"):
         t.add_cells([(0, -1, 10)])
