@@ -60,6 +60,7 @@ GREEDY = [[LONG], ["Hello world! What is the capital of France?", "User: hi ther
                    "1 + 2 = 3, 4 + 5 =", "Paris is the capital of",
                    "the and of to in is that for it", "Assistant: hello, how"]]
 NEW_TOKENS = 12
+CAPTURE_LINE = re.compile(r"cpu_shim graphs: captured (\d+) shapes \(.*\) in ([0-9.]+) s")
 GATE_LINE = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -> .*)$",
                        re.MULTILINE)
 
@@ -198,6 +199,12 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
     for label, e, _ in rows:
         if e.get("counters"):
             lines.append(f"{label}: {runs_line(e['counters'])}")
+    for name in ("none", "tbo", "auto", "auto_wrong"):
+        captures = [(int(n), float(s)) for n, s in CAPTURE_LINE.findall(r.logs.get(name, ""))]
+        if captures:  # one line per TP rank: graphs captured, and the capture loop's time
+            data["servers"].setdefault(name, {})["captures"] = captures
+            lines.append(f"{name} decode graph capture per rank: " + ", ".join(
+                f"{n} graphs in {s:.1f} s" for n, s in captures))
     data["tbo_vs_none"] = [tbo_vs_none.ratio, tbo_vs_none.low, tbo_vs_none.high]
     return "\n".join(lines), data
 
