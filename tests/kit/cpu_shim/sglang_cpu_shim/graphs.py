@@ -128,12 +128,15 @@ class StandInGraphBackend:
     Capture mirrors `FullCudaGraphBackend.capture_one`: two warm-up runs (each after a TP
     barrier, then `post_warmup_hook`), then the recorded run."""
 
-    def __init__(self, cuda_graph_runner: Any, **_: Any) -> None:
-        from sglang.srt.runtime_context import get_parallel
+    def __init__(self, cuda_graph_runner: Any, *, tp_group: Any = None, tp_rank: int = 0,
+                 **_: Any) -> None:
+        if tp_group is None:  # in a server: the runner's TP group
+            from sglang.srt.runtime_context import get_parallel
 
+            tp_group, tp_rank = get_parallel().tp_group, get_parallel().tp_rank
         self._runner = cuda_graph_runner
-        self._tp_group = get_parallel().tp_group
-        COUNTERS.rank = int(getattr(get_parallel(), "tp_rank", 0) or 0)
+        self._tp_group = tp_group
+        COUNTERS.rank = int(tp_rank or 0)
         self._forwards: dict[Any, Callable[[], Any]] = {}
         self._outputs: dict[Any, Any] = {}
 
