@@ -75,7 +75,10 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
     """BEFORE `_update_gather_batch`: with --overlap-gating auto, keep TBO for this step only if
     the mode selector picks it. Reads only what every rank shares after the DP all-gather."""
     s = state.settings()
-    if s.overlap_gating != "auto" or kwargs.get("skip_global_metadata"):
+    if s.overlap_gating != "auto":
+        return
+    if kwargs.get("skip_global_metadata"):
+        state.set_step_mode(None)  # undecided: upstream's own path, not the last step's mode
         return
     rt = selector_setup.runtime()
     if rt is None:
