@@ -60,13 +60,21 @@ GREEDY = [[LONG], ["Hello world! What is the capital of France?", "User: hi ther
                    "1 + 2 = 3, 4 + 5 =", "Paris is the capital of",
                    "the and of to in is that for it", "Assistant: hello, how"]]
 NEW_TOKENS = 12
+CAPTURE_LINE = re.compile(r"cpu_shim graphs: captured (\d+) shapes \(.*\) in ([0-9.]+) s")
 GATE_LINE = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -> .*)$",
                        re.MULTILINE)
 
 
-def configs(wrong_prior: Path) -> dict[str, list[str]]:
-    return {"none": A2A, "tbo": TBO, "auto": AUTO,
-            "auto_wrong": [*AUTO, "--overlap-hardware-profile", str(wrong_prior)]}
+GRAPH_BS = ["--cuda-graph-bs-decode", "1", "2", "4", "8", "16"]  # up to the bench's concurrency
+GRAPH_ENV = {"SGLANG_CPU_SHIM_GRAPHS": "1"}  # decode through SGLang's DecodeCudaGraphRunner
+
+
+def configs(wrong_prior: Path, graphs: bool = False) -> dict[str, list[str]]:
+    """Every server's flags; with `graphs`, decode replays captured graphs (the kit's stand-in
+    backend) in every server, fixed modes included."""
+    extra = GRAPH_BS if graphs else []
+    return {"none": [*A2A, *extra], "tbo": [*TBO, *extra], "auto": [*AUTO, *extra],
+            "auto_wrong": [*AUTO, "--overlap-hardware-profile", str(wrong_prior), *extra]}
 
 
 def bench_args(**overrides: Any) -> argparse.Namespace:
@@ -105,13 +113,14 @@ def _greedy(server: Any) -> list[list[int]]:
 
 def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., Any],
         args: argparse.Namespace, port: int = 30460,
-        lock: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> Run:
+        lock: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        graphs: bool = False) -> Run:
     """Both phases; `server_cls` is tests/e2e/servers.py's Server (name, model, port, flags,
-    env, log_dir)."""
+    env, log_dir); `graphs`: decode through captured graphs (`configs`)."""
     wrong = work / "profile-tbo-wins.json"
     wrong.write_text(json.dumps(WRONG_PRIOR))
-    flags = configs(wrong)
-    env = {**env, "PYTHONPATH": os.pathsep.join(
+    flags = configs(wrong, graphs)
+    env = {**env, **(GRAPH_ENV if graphs else {}), "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))])])}
     out = Run()
     servers: dict[str, Any] = {}
@@ -165,6 +174,7 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
             entry["rounds"] = {key: [x[key] for x in t.rounds] for key in (
                 "output_throughput", "mean_ttft_ms", "mean_itl_ms")}
             entry["gate"] = (t.gate or {}).get("chosen")
+            entry["counters"] = (t.gate or {}).get("counters")
             label = t.label if phase is r.phases[0] or t.label != "none" else "none (phase 2)"
             data["servers"][label] = entry
             rows.append((label, entry, paired_ratio(
@@ -186,8 +196,27 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
                      f"{r.tokens.get(name) == r.tokens['none']}")
         data["servers"][name]["ranks_identical"] = same
         data["servers"][name]["tokens_equal_none"] = r.tokens.get(name) == r.tokens["none"]
+    for label, e, _ in rows:
+        if e.get("counters"):
+            lines.append(f"{label}: {runs_line(e['counters'])}")
+    for name in ("none", "tbo", "auto", "auto_wrong"):
+        captures = [(int(n), float(s)) for n, s in CAPTURE_LINE.findall(r.logs.get(name, ""))]
+        if captures:  # one line per TP rank: graphs captured, and the capture loop's time
+            data["servers"].setdefault(name, {})["captures"] = captures
+            lines.append(f"{name} decode graph capture per rank: " + ", ".join(
+                f"{n} graphs in {s:.1f} s" for n, s in captures))
     data["tbo_vs_none"] = [tbo_vs_none.ratio, tbo_vs_none.low, tbo_vs_none.high]
     return "\n".join(lines), data
+
+
+def runs_line(counters: dict[str, list[list[Any]]]) -> str:
+    """Decode steps per mode, replayed or eager, and the eager fallbacks, from the counters a
+    selector serves (`internal_state.served_table`)."""
+    decode = {(m, r): n for p, m, r, n in counters.get("steps", []) if p == "decode"}
+    parts = [f"{m} {decode.get((m, 'graph'), 0)} replayed / {decode.get((m, 'eager'), 0)} eager"
+             for m in sorted({m for m, _ in decode})]
+    falls = ", ".join(f"{m} {why} x{n}" for m, why, n in counters.get("eager_fallbacks", []))
+    return f"decode steps: {'; '.join(parts) or '-'}; eager fallbacks: {falls or 'none'}"
 
 
 @contextlib.contextmanager
@@ -226,6 +255,9 @@ def main() -> int:
     p.add_argument("--port", type=int, default=30460)
     p.add_argument("--lock", default="/tmp/e2e.lock", help="lock file held while servers run")
     p.add_argument("--json", type=Path, help="write the numbers here too")
+    p.add_argument("--graphs", action="store_true",
+                   help="decode through SGLang's DecodeCudaGraphRunner (the kit's stand-in graph "
+                        "backend) in every server")
     a = p.parse_args()
     sys.path.insert(0, str(REPO / "tests" / "e2e"))
     from servers import Server  # the e2e tests' server wrapper
@@ -242,7 +274,7 @@ def main() -> int:
                           num_prompts=a.num_prompts, input_len=a.input_len,
                           output_len=a.output_len, max_concurrency=a.max_concurrency,
                           tokenizer=str(model))
-        r = run(model, env, work, Server, args, a.port, lambda: file_lock(a.lock))
+        r = run(model, env, work, Server, args, a.port, lambda: file_lock(a.lock), a.graphs)
         text, data = report(r)
     print(text)
     if a.json:

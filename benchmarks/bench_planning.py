@@ -8,9 +8,9 @@ Decode rows: "cached" is the steady state (every decode step of a batch size see
 one immutable plan), "cold" plans a batch size for the first time, "seq_lens" also slices the
 per-sequence lengths into the children (O(bs)). Prefill rows: seeded random extend lengths
 (1..4096 tokens per request, random cached prefixes) with the two-chunk threshold at 0.48.
-Gate rows: one step of --overlap-gating auto's planning work: `Gate.decide` on the all-gathered
-token counts of 16 ranks, recording the step's time into the local table, and every 16th step
-taking the new measurements out of it and merging them, sparse (`StepTable.take`,
+Selector rows: one step of --overlap-gating auto's planning work: `ModeSelector.decide` on the
+all-gathered token counts of 16 ranks, recording the step's time into the local table, and every
+16th step taking the new measurements out of it and merging them, sparse (`StepTable.take`,
 `Gate.merge_cells`: what the glue does with the share that rides SGLang's request broadcast; the
 broadcast itself is SGLang's, not timed here).
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from sglang_overlap.planning import two_batch
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior
 from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
-from sglang_overlap.planning.gating import Gate, GateConfig
+from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.planning.step_table import StepTable, cell_index
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
 
@@ -126,7 +126,7 @@ def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
     loads = [[max(1, 64 + rng.randint(-6, 6)) for _ in range(16)] for _ in range(64)]
     rows = []
     for name, prior in priors.items():
-        gate = Gate(prior, GateConfig())
+        gate = ModeSelector(prior, SelectorConfig())
         local = StepTable()
         for tokens in loads:  # warm the prior's cache and the table
             d = gate.decide("decode", tokens)
@@ -135,8 +135,8 @@ def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
 
         touched: dict[int, None] = {}
 
-        def step(gate: Gate = gate, local: StepTable = local, touched: dict[int, None] = touched,
-                 state: dict[str, int] = state) -> None:
+        def step(gate: ModeSelector = gate, local: StepTable = local,
+                 touched: dict[int, None] = touched, state: dict[str, int] = state) -> None:
             i = state["i"] = state["i"] + 1
             d = gate.decide("decode", loads[i % len(loads)])
             cell = cell_index("decode", d.bucket, d.mode)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sglang_overlap.planning.cost.profiles import HARDWARE_PROFILES, ProfileError, load_hardware
-from sglang_overlap.planning.gating import check_explore_share, check_hysteresis, check_trials
 from sglang_overlap.planning.sbo_layout import default_comm_num_sms
+from sglang_overlap.planning.selector import check_explore_share, check_hysteresis, check_trials
 from sglang_overlap.planning.two_chunk import check_threshold
 
 GatingPolicy = Literal["always", "auto"]

@@ -1,8 +1,9 @@
 """Per-mode counters: evidence, in the server's own log, of which overlap path ran.
 
-The glue counts every forward step by the path it took ("tbo", "two_chunk", "sbo", "none", plus
-gate decisions). The first time a path runs in a process, and then every `LOG_EVERY` steps, one
-INFO line goes to the `sglang_overlap` logger:
+The glue counts every forward step by the path it took ("tbo"; "two_chunk": a TBO step that cut
+one request in two chunks; "sbo", "none"; "gate_<mode>": the mode selector's decisions). The
+first time a path runs in a process, and then every `LOG_EVERY` steps, one INFO line goes to the
+`sglang_overlap` logger:
 
     sglang-overlap stats [pid 1234]: tbo=12 two_chunk=1 sbo=0 none=3 (first two_chunk)
 
@@ -44,7 +45,7 @@ def summary() -> str:
 SERIES: dict[str, tuple[str, ...]] = {
     "steps": ("phase", "mode", "runner"),        # every forward step: runner "graph" | "eager"
     "eager_fallbacks": ("mode", "reason"),      # a step in the graph range that ran eager
-    "decisions": ("phase", "mode"),             # --overlap-gating auto: the mode chosen
+    "decisions": ("phase", "mode"),             # --overlap-gating auto: the selector's mode
     "decision_changes": ("phase",),             # ... that differed from the previous step's
     "explored_steps": ("phase", "mode"),        # ... chosen to measure a mode
 }

@@ -88,7 +88,7 @@ def _violations(module: str, imported: list[str]) -> list[str]:
 
 
 def test_the_scan_sees_the_package() -> None:
-    for name in ("sglang_overlap.planning.gating", "sglang_overlap.kernels.down_gemm",
+    for name in ("sglang_overlap.planning.selector", "sglang_overlap.kernels.down_gemm",
                  "tests.oracle.executors", "sglang_overlap.sglang.hooks"):
         assert name in MODULES
     assert "torch" in _imports(MODULES["sglang_overlap.kernels.down_gemm"], top_level_only=True)
@@ -100,8 +100,8 @@ def test_layers_import_downward_only(module: str) -> None:
 
 
 @pytest.mark.parametrize(("module", "imported"), [
-    ("sglang_overlap.planning.gating", ["torch"]),
-    ("sglang_overlap.planning.gating", ["sglang_overlap.kernels.fp8"]),
+    ("sglang_overlap.planning.selector", ["torch"]),
+    ("sglang_overlap.planning.selector", ["sglang_overlap.kernels.fp8"]),
     ("sglang_overlap.kernels.down_gemm", ["sglang_overlap.sglang.state"]),
     ("sglang_overlap.kernels.down_gemm", ["tests.oracle.experts"]),
     ("sglang_overlap.sglang.sbo_decision", ["tests.oracle.router"]),

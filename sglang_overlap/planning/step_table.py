@@ -1,9 +1,10 @@
-"""Measured step times per (phase, token bucket, mode): what the gate learns from the server.
+"""Measured step times per (phase, token bucket, mode): what the mode selector learns from
+the server.
 
 A `StepTable` is a fixed grid of integer cells, the same shape in every process, so that ranks
-can exchange measurements as integers: (cell, count, total) triples (`take` / `add_cells`, what
-the server sends) or, densely, one flat vector (`to_vector` / `add_vector`). Integer sums do not
-depend on the order ranks are added in, so every rank ends up with the same table, bit for bit.
+can exchange measurements as integers: (cell, count, total) triples (`take` / `add_cells`).
+Integer sums do not depend on the order ranks are added in, so every rank ends up with the same
+table, bit for bit.
 Each cell holds a count and a total in microseconds.
 
 Buckets: `measure_bucket(tokens)` is exact below 4 tokens, then 4 buckets per power of two
@@ -20,12 +21,11 @@ Plain Python; mypy --strict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import compress
 
 PHASES = ("decode", "prefill")
-MODES = ("none", "tbo", "sbo", "two_chunk")
+MODES = ("none", "tbo", "sbo")  # the selector's modes (prefill TBO is "tbo" too)
 NUM_BUCKETS = 96
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 _MODE_INDEX = {m: i for i, m in enumerate(MODES)}
@@ -89,15 +89,6 @@ class StepTable:
         n = self.counts[cell]
         return self.totals[cell] / n if n else None
 
-    def to_vector(self) -> list[int]:
-        """Counts then totals: what ranks all-reduce (sum) to share their measurements."""
-        return self.counts + self.totals
-
-    def add_vector(self, vector: Sequence[int], max_count: int | None = None) -> None:
-        """Add a vector from `to_vector` (of this table's shape) to this table; with
-        `max_count`, cap the cells it touched (`cap`). Costs O(cells touched)."""
-        self.add_cells(vector_cells(vector), max_count)
-
     def add_cells(self, cells: Iterable[tuple[int, int, int]],
                   max_count: int | None = None) -> None:
         """Add (cell, count, total us) triples, e.g. another rank's `take`; with `max_count`,
@@ -115,7 +106,7 @@ class StepTable:
 
     def take(self, cells: Iterable[int]) -> list[tuple[int, int, int]]:
         """(cell, count, total us) of each of `cells` holding a measurement, in the order given,
-        and those cells emptied: the sparse form of `to_vector` + `clear`."""
+        and those cells emptied."""
         counts, totals = self.counts, self.totals
         out = []
         for c in cells:
@@ -156,14 +147,6 @@ class StepTable:
         return out
 
 
-def vector_cells(vector: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The (cell, count, total us) triples of a `to_vector` vector's measured cells."""
-    if len(vector) != 2 * NUM_CELLS:
-        raise ValueError(f"a step-table vector has {2 * NUM_CELLS} entries (got {len(vector)})")
-    return [(i, int(vector[i]), int(vector[NUM_CELLS + i]))
-            for i in compress(range(NUM_CELLS), vector[:NUM_CELLS])]
-
-
 def format_rows(rows: Iterable[TableRow]) -> str:
     """One line per (phase, bucket): every measured mode's mean step time and count."""
     grouped: dict[tuple[str, int, int, int], list[TableRow]] = {}
@@ -178,4 +161,4 @@ def format_rows(rows: Iterable[TableRow]) -> str:
 
 
 __all__ = ["MODES", "NUM_BUCKETS", "NUM_CELLS", "PHASES", "StepTable", "TableRow",
-           "bucket_bounds", "cell_index", "format_rows", "measure_bucket", "vector_cells"]
+           "bucket_bounds", "cell_index", "format_rows", "measure_bucket"]

@@ -1,16 +1,16 @@
 """Hook on `sglang.srt.managers.scheduler_components.dp_attn`: --overlap-gating auto per step.
 
 `_update_gather_batch` (BEFORE): after SGLang's DP sync every rank holds the same global token
-counts, forward modes and TBO verdict. The gate (`gate.py`) first counts the call (`tick`; with
-attention DP, every --overlap-gating-sync-steps calls, an all-reduce of new measurements, reached
-at the same call on every rank, since every rank runs this hook for the same steps; without it
-the measurements ride the request broadcast, `request_receiver.py`), then picks the mode of this
-step; TBO is turned off for the step when another mode (or none) is chosen. TBO is a candidate
-only where SGLang can run it and the split gives both micro-batches tokens on some rank
-(`planning.two_batch.split_overlaps`): a one-sequence decode step "in TBO" is the serial step
-plus an empty micro-batch, and measuring it would only teach the gate noise. Same inputs on
-every rank, same decision: collectives never mismatch. Every change of mode, and the step after
-an exploration that settles on the same mode for its own reason, is logged at INFO with the step
+counts, forward modes and TBO verdict. The mode selector (`selector_runtime.py`) first counts the
+call (`tick`; with attention DP, every --overlap-gating-sync-steps calls, an all-reduce of new
+measurements, reached at the same call on every rank, since every rank runs this hook for the same
+steps; without it the measurements ride the request broadcast, `request_receiver.py`), then picks
+the mode of this step; TBO is turned off for the step when another mode (or none) is chosen. TBO is
+a candidate only where SGLang can run it and the split gives both micro-batches tokens on some rank
+(`planning.two_batch.split_overlaps`): a one-sequence decode step "in TBO" is the serial step plus
+an empty micro-batch, and measuring it would only teach the selector noise. Same inputs on every
+rank, same decision: collectives never mismatch. Every change of mode, and the step after an
+exploration that settles on the same mode for its own reason, is logged at INFO with the step
 number, so the ranks' logs can be compared line for line.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 from sglang_overlap import stats
 from sglang_overlap.planning.step_table import MODES
 from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
-from sglang_overlap.sglang import gate, state
+from sglang_overlap.sglang import selector_setup, state
 from sglang_overlap.sglang.hooks import HookSpec, Pin
 
 logger = logging.getLogger("sglang_overlap")
@@ -74,15 +74,18 @@ def _target_verify() -> int:
     return int(ForwardMode.TARGET_VERIFY.value)
 
 
-def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None:
+def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `_update_gather_batch`: with --overlap-gating auto, keep TBO for this step only if
-    the gate picks it. Reads only what every rank shares after the DP all-gather."""
+    the mode selector picks it. Reads only what every rank shares after the DP all-gather."""
     s = state.settings()
-    if s.overlap_gating != "auto" or kwargs.get("skip_global_metadata"):
+    if s.overlap_gating != "auto":
         return
-    rt = gate.runtime()
+    if kwargs.get("skip_global_metadata"):
+        state.set_step_mode(None)  # undecided: upstream's own path, not the last step's mode
+        return
+    rt = selector_setup.runtime()
     if rt is None:
-        return  # no model runner started a gate in this process (not a serving scheduler)
+        return  # no model runner started a selector in this process (not a serving scheduler)
     rt.tick()
     phase = step_phase(mlp_sync_info)
     available: set[str] = {"sbo"} if s.enable_single_batch_overlap else set()
@@ -90,27 +93,26 @@ def gate_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> None
     if mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
             ForwardKind.EXTEND if phase == "prefill" else ForwardKind.DECODE,
             max(tokens, default=0), _tokens_per_seq(mlp_sync_info)):
-        available |= {"tbo", "two_chunk"}
-    decision = rt.gate.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
+        available.add("tbo")
+    decision = rt.selector.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
     rt.expect(decision)
     state.set_step_mode(decision.mode)
     stats.count(_STATS_KEY[decision.mode])
-    if decision.busiest > 0:  # an idle step decides nothing (the gate's `chosen` leaves it out)
+    if decision.busiest > 0:  # an idle step decides nothing (the selector's `chosen` skips it)
         stats.add("decisions", phase, decision.mode)
-        if decision.changed:
-            stats.add("decision_changes", phase)
         if decision.explored:
             stats.add("explored_steps", phase, decision.mode)
     if decision.changed:
+        stats.add("decision_changes", phase)
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
-    if decision.mode not in ("tbo", "two_chunk"):
+    if decision.mode != "tbo":
         mlp_sync_info.tbo_split_seq_index = None
         mlp_sync_info.global_forward_mode = None
 
 
 HOOKS: tuple[HookSpec, ...] = (
-    HookSpec(UPDATE_GATHER_BATCH, gate_step, "before",
-             "--overlap-gating auto: the gate decides TBO per step, same on every rank",
+    HookSpec(UPDATE_GATHER_BATCH, select_step, "before",
+             "--overlap-gating auto: the mode selector decides TBO per step, same on every rank",
              "src:bb69194a0d6e", feature="gate",
              relies_on=(Pin(TP0_INFO_COLUMNS, "src:cbbfe0e6d4b9",
                             "step_phase: column 5 of tp0_info_cpu is local_forward_mode"),)),

@@ -102,6 +102,8 @@ GLUE_MODULES: tuple[str, ...] = (
     "single_batch_overlap",  # sglang.srt.batch_overlap.single_batch_overlap
     "deep_gemm_wrapper",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
     "metrics_collector",  # sglang.srt.observability.metrics_collector
+    "deepseek_v2",  # sglang.srt.models.deepseek_v2
+    "decode_cuda_graph_runner",  # sglang.srt.model_executor.runner.decode_cuda_graph_runner
 )
 
 

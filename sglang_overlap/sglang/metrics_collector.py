@@ -137,11 +137,13 @@ def sbo_served(settings: Any, decision: Any) -> tuple[str, str]:
 
 
 def gate_table() -> dict[str, Any] | None:
-    """The gate's learned table (the one GET /server_info serves), None without auto gating."""
-    from sglang_overlap.sglang import gate
+    """The mode selector's learned table (the one GET /server_info serves), None without auto
+    gating."""
+    from sglang_overlap.sglang import selector_setup
+    from sglang_overlap.sglang.internal_state import served_table
 
-    rt = gate.runtime()
-    return None if rt is None else rt.table()
+    rt = selector_setup.runtime()
+    return None if rt is None else served_table(rt)
 
 
 _exporter: list[Exporter] = []

@@ -7,7 +7,8 @@ has, plus the flags in $SGLANG_OVERLAP_ARGS, are used. The settings read from a 
 are kept until another record is published (a process serves one; tests switch contexts).
 
 Besides the settings: whether the plugin's TBO step is running (SBO does not apply inside TBO, as
-upstream), the gate's mode for the current step, and the SM counts SBO layouts are planned on.
+upstream), the mode selector's mode for the current step (`step_mode`; `upstream_flags` makes
+SGLang's own TBO/SBO code follow it), and the SM counts SBO layouts are planned on.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _NOT_PUBLISHED = "Global server args is not set yet!"
 _settings: OverlapSettings | None = None  # set by configure()
 _read: tuple[Any, OverlapSettings] | None = None  # (the published record, its settings)
 _tbo_depth = 0
-_step_mode: str | None = None  # --overlap-gating auto: the gate's mode for the current step
+_step_mode: str | None = None  # --overlap-gating auto: the selector's mode for the current step
 
 
 def settings() -> OverlapSettings:
@@ -119,17 +120,36 @@ def set_step_mode(mode: str | None) -> None:
 
 
 def step_mode() -> str | None:
-    """The gate's mode for the current step (None: no gate decided this step)."""
+    """The mode selector's mode for the current step (None: no selector decided this step)."""
     return _step_mode
 
 
 def sbo_active() -> bool:
-    """SBO applies to this MoE call: enabled, not inside TBO, and (with automatic gating) the
-    gate chose it for this step."""
+    """SBO applies to this MoE call: enabled, not inside TBO, and (with the mode selector,
+    --overlap-gating auto) the selector chose it for this step."""
     s = settings()
     if not s.enable_single_batch_overlap or in_tbo():
         return False
     return s.overlap_gating != "auto" or _step_mode in (None, "sbo")
+
+
+@contextlib.contextmanager
+def upstream_flags(*, tbo: bool | None = None, sbo: bool | None = None) -> Iterator[None]:
+    """SGLang's process-wide `moe.tbo_enabled` / `moe.sbo_enabled` (read live by
+    `is_tbo_enabled()` / `is_sbo_enabled()`, hence by `SboFlags` and the TBO graph plugin) set
+    to `tbo` / `sbo` (None: left as is) for the block, restored after."""
+    from sglang.srt.runtime_context import get_flags
+
+    moe = get_flags().moe
+    saved = moe.tbo_enabled, moe.sbo_enabled
+    if tbo is not None:
+        moe.tbo_enabled = tbo
+    if sbo is not None:
+        moe.sbo_enabled = sbo
+    try:
+        yield
+    finally:
+        moe.tbo_enabled, moe.sbo_enabled = saved
 
 
 @functools.lru_cache(maxsize=1)

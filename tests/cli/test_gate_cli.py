@@ -10,7 +10,7 @@ import pytest
 from sglang_overlap.cli import gate
 from sglang_overlap.cli.main import main
 
-# What GateRuntime.table() serves (sglang/gate.py), as read back from GET /server_info.
+# What internal_state.served_table serves (sglang/internal_state.py), read back from /server_info.
 TABLE = {"setup": "--overlap-hardware-profile auto on device 'cpu': ...", "prior": "flat (x)",
          "steps": 120, "explored": 4, "syncs": 7, "chosen": {"decode/none": 110, "decode/tbo": 4,
                                                              "prefill/none": 6},

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+from graph_runs import GraphRuns
 from overlap_runs import OverlapRuns
 
 from tests.conftest import REPO, prerequisite_missing
@@ -52,3 +53,10 @@ def overlap_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
                  tmp_path_factory: pytest.TempPathFactory) -> OverlapRuns:
     """The servers of overlap_runs.CONFIGS, shared by the overlap and reliability tests."""
     return OverlapRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("overlap-servers"))
+
+
+@pytest.fixture(scope="session")
+def graph_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
+               tmp_path_factory: pytest.TempPathFactory) -> GraphRuns:
+    """The servers of graph_runs.CONFIGS (decode through the stand-in graph backend)."""
+    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"))

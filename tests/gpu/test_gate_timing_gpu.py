@@ -1,5 +1,6 @@
-"""GPU: the gate's step timer (sglang/gate.py GateRuntime) with real CUDA events: recording never
-waits for the device, completed events are read later, and what they read is the step's time.
+"""GPU: the mode selector's step timer (sglang/selector_runtime.py SelectorRuntime) with real
+CUDA events: recording never waits for the device, completed events are read later, and what
+they read is the step's time.
 Skipped without CUDA. (The glue module imports sglang only inside functions, so this runs where
 sglang is not installed.)"""
 
@@ -11,9 +12,9 @@ import pytest
 import torch
 
 from sglang_overlap.planning.cost.prior import FlatPrior
-from sglang_overlap.planning.gating import Gate, GateConfig
+from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.planning.step_table import cell_index, measure_bucket
-from sglang_overlap.sglang.gate import GateRuntime
+from sglang_overlap.sglang.selector_runtime import SelectorRuntime
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -26,8 +27,8 @@ def _step(x: torch.Tensor, n: int) -> None:
 
 
 def test_events_are_read_lazily_and_measure_the_step() -> None:
-    rt = GateRuntime(Gate(FlatPrior(frozenset({"tbo"})), GateConfig()), sync_steps=10**6,
-                     cuda=True, setup="gpu test")
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"})), SelectorConfig()),
+                         sync_steps=10**6, cuda=True, setup="gpu test")
     cell = cell_index("decode", measure_bucket(64), "none")
     x = torch.randn(4096, 4096, device="cuda")
     _step(x, 3)

@@ -7,6 +7,10 @@ What it builds, from the files beside this one:
   site/                 the test-only SGLang plugin `cpu_shim` (cpu_shim/), pip-installed there
                         as its own distribution so SGLang finds its entry point on PYTHONPATH
   env.sh                the environment a server needs (`source` it to serve by hand)
+  deepep-<form>/        stand-ins for deep_ep and deep_gemm on torch.distributed (standins/),
+                        one folder per DeepEP overlap form (per_expert: sgl-deep-ep 0.1.2.post1,
+                        per_block: the antgroup-opt tree); on PYTHONPATH only for servers that
+                        ask for them (`Kit.env(..., deepep_form=...)`)
 and, apart, tiny-dsv3/: the tiny random DeepSeek-V3 of make_tiny_dsv3.py.
 
 Each lands in $SGLANG_CPU_KIT (default ~/.cache/sglang-overlap/cpu-kit) in a folder named by a
@@ -37,7 +41,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KIT_SOURCES = ("build.py", "libcuda_stub.c", "libibverbs_stub.c", "libibverbs.map",
-               "cpu_shim/pyproject.toml", "cpu_shim/sglang_cpu_shim/__init__.py")
+               "cpu_shim/pyproject.toml", "cpu_shim/sglang_cpu_shim/__init__.py",
+               "cpu_shim/sglang_cpu_shim/graphs.py", "cpu_shim/sglang_cpu_shim/deep_ep_gloo.py",
+               "standins/deep_ep_per_expert/deep_ep/__init__.py",
+               "standins/deep_ep_per_block/deep_ep/__init__.py",
+               "standins/deep_gemm/deep_gemm/__init__.py")
+# The deep_ep trees the kit stands in for, by the combine overlap form they declare.
+DEEP_EP_FORMS = ("per_expert", "per_block")
 MODEL_SOURCES = ("make_tiny_dsv3.py",)
 MODEL_PACKAGES = ("torch", "transformers", "tokenizers")
 INSTALL_HINT = "pip install -e '.[sglang,test]' from the checkout"
@@ -132,6 +142,11 @@ def _build_kit(cc: str, out: Path, final: Path) -> None:
           "--no-build-isolation", "--target", str(out / "site"), str(src)],
          "installing the cpu_shim plugin")
     shutil.rmtree(out / "src")
+    for form in DEEP_EP_FORMS:
+        shutil.copytree(HERE / "standins" / f"deep_ep_{form}" / "deep_ep",
+                        out / f"deepep-{form}" / "deep_ep")
+        shutil.copytree(HERE / "standins" / "deep_gemm" / "deep_gemm",
+                        out / f"deepep-{form}" / "deep_gemm")
     kit = Kit(final)
     lines = [f"export {k}={shlex.quote(v)}" for k, v in SERVER_ENV.items()]
     lines += [f"export LD_LIBRARY_PATH={kit.lib}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}",
@@ -152,16 +167,25 @@ class Kit:
     def site(self) -> Path:
         return self.path / "site"
 
-    def env(self, base: Mapping[str, str], pythonpath: Sequence[str] = ()) -> dict[str, str]:
+    def deepep(self, form: str) -> Path:
+        """The folder of the deep_ep + deep_gemm stand-ins of overlap form `form`."""
+        if form not in DEEP_EP_FORMS:
+            raise ValueError(f"deep_ep form must be one of {DEEP_EP_FORMS}, got {form!r}")
+        return self.path / f"deepep-{form}"
+
+    def env(self, base: Mapping[str, str], pythonpath: Sequence[str] = (),
+            deepep_form: str | None = None) -> dict[str, str]:
         """Variables to set on top of `base` for a server: SERVER_ENV, the stubs first on
-        LD_LIBRARY_PATH, `pythonpath` then the shim before base's PYTHONPATH."""
+        LD_LIBRARY_PATH, `pythonpath` then the shim (then, with `deepep_form`, the deep_ep and
+        deep_gemm stand-ins of that form) before base's PYTHONPATH."""
         def prepend(key: str, first: Sequence[str]) -> str:
             rest = [p for p in base.get(key, "").split(os.pathsep) if p]
             return os.pathsep.join([*first, *rest])
 
         return {**SERVER_ENV,
                 "LD_LIBRARY_PATH": prepend("LD_LIBRARY_PATH", [str(self.lib)]),
-                "PYTHONPATH": prepend("PYTHONPATH", [*pythonpath, str(self.site)])}
+                "PYTHONPATH": prepend("PYTHONPATH", [*pythonpath, str(self.site), *(
+                    [str(self.deepep(deepep_form))] if deepep_form else [])])}
 
 
 def build_kit(root: Path | None = None) -> Kit:

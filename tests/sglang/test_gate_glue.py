@@ -26,23 +26,25 @@ require_module("sglang.srt.managers.scheduler_components.dp_attn")
 from sglang.srt.managers.scheduler_components import dp_attn as upstream_dp_attn  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
+from sglang_overlap import stats  # noqa: E402
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior  # noqa: E402
 from sglang_overlap.planning.cost.profiles import (  # noqa: E402
     Deployment,
     ProfileError,
     load_model,
 )
-from sglang_overlap.planning.gating import Gate, GateConfig  # noqa: E402
+from sglang_overlap.planning.selector import ModeSelector, SelectorConfig  # noqa: E402
 from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang import (  # noqa: E402
     dp_attn,
-    gate,
     internal_state,
     model_runner,
     request_receiver,
+    selector_setup,
     state,
 )
+from sglang_overlap.sglang.selector_runtime import SelectorRuntime, SelectorShare  # noqa: E402
 from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,25 +65,26 @@ def auto_settings():
     state.configure(AUTO)
     yield AUTO
     state.configure(None)
-    gate.set_runtime(None)
+    selector_setup.set_runtime(None)
 
 
 # -- --overlap-hardware-profile, resolved at start-up ---------------------------------------------
 
 def test_auto_on_cpu_is_a_flat_prior_and_says_so() -> None:
-    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cpu", device_name=None)
+    prior, how = selector_setup.resolve_prior(AUTO, DSV3, Deployment(), device="cpu",
+                                              device_name=None)
     assert isinstance(prior, FlatPrior)
     assert "--overlap-hardware-profile auto on device 'cpu'" in how and "measurements" in how
 
 
 def test_auto_on_a_known_gpu_is_its_cost_model() -> None:
-    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
+    prior, how = selector_setup.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
                                     device_name="NVIDIA H200")
     assert isinstance(prior, CostModelPrior) and prior.hw.name == "H200" and "H200" in how
 
 
 def test_auto_on_an_unknown_gpu_falls_back_deliberately() -> None:
-    prior, how = gate.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
+    prior, how = selector_setup.resolve_prior(AUTO, DSV3, Deployment(), device="cuda",
                                     device_name="NVIDIA A100-SXM4-80GB")
     assert isinstance(prior, FlatPrior)
     assert "no shipped profile for 'NVIDIA A100-SXM4-80GB'" in how and "calibrate.py" in how
@@ -89,13 +92,13 @@ def test_auto_on_an_unknown_gpu_falls_back_deliberately() -> None:
 
 def test_named_and_bad_profiles(tmp_path: Path) -> None:
     s = OverlapSettings(**{**AUTO.to_dict(), "overlap_hardware_profile": "H20"})
-    prior, _ = gate.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
+    prior, _ = selector_setup.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
     assert isinstance(prior, CostModelPrior) and prior.hw.name == "H20"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"base": "H20", "num_sms": "many"}))
     s = OverlapSettings(**{**AUTO.to_dict(), "overlap_hardware_profile": str(bad)})
     with pytest.raises(ProfileError, match=f"--overlap-hardware-profile {bad}: .*num_sms"):
-        gate.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
+        selector_setup.resolve_prior(s, DSV3, Deployment(), device="cpu", device_name=None)
 
 
 # -- refusals in the launcher ------------------------------------------------------------------
@@ -134,7 +137,7 @@ def test_bad_hardware_profile_is_refused_at_start_up(tmp_path: Path) -> None:
 def test_gate_step_runs_inside_sglang() -> None:
     target = upstream_dp_attn._update_gather_batch
     hooks = [c.cell_contents for c in target.__closure__ or ()]
-    assert dp_attn.gate_step in hooks and inspect.unwrap(target) is not target
+    assert dp_attn.select_step in hooks and inspect.unwrap(target) is not target
 
 
 def test_model_runner_and_internal_state_hooks_are_installed() -> None:
@@ -144,7 +147,7 @@ def test_model_runner_and_internal_state_hooks_are_installed() -> None:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     for fn, ours in ((ModelRunner.forward, model_runner.timed_forward),
-                     (ModelRunner.initialize, model_runner.start_gate),
+                     (ModelRunner.initialize, model_runner.start_selector),
                      (SchedulerInternalStateController.get_internal_state,
                       internal_state.add_gate_table)):
         hooks = [c.cell_contents for c in fn.__closure__ or ()]
@@ -163,8 +166,8 @@ def _sync_info(mode: ForwardMode, tokens: int, tbo_split: int | None) -> Any:
     return info
 
 
-def _runtime(prior: Any, **cfg: Any) -> gate.GateRuntime:
-    return gate.GateRuntime(Gate(prior, GateConfig(**cfg)), sync_steps=4, cuda=False,
+def _runtime(prior: Any, **cfg: Any) -> SelectorRuntime:
+    return SelectorRuntime(ModeSelector(prior, SelectorConfig(**cfg)), sync_steps=4, cuda=False,
                             setup="test")
 
 
@@ -183,8 +186,9 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
                     else {"none": 10.0, "tbo": 20.0})
 
     rt = _runtime(Prior(), min_trials=0)
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
     caplog.set_level(logging.INFO, logger="sglang_overlap")
+    before = stats.snapshot()
     batch = SimpleNamespace()
     info = _sync_info(ForwardMode.DECODE, 8, tbo_split=4)
     upstream_dp_attn._update_gather_batch(batch, info, True)
@@ -202,6 +206,13 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
         "sglang-overlap gate: decode -> tbo", "sglang-overlap gate: prefill -> none",
         "sglang-overlap gate: decode -> sbo"], lines
     assert "step 1 decode busiest=8" in lines[0]
+    after = stats.snapshot()
+    for series, want in (("decisions", {("decode", "tbo"): 1, ("prefill", "none"): 1,
+                                        ("decode", "sbo"): 1}),
+                         ("decision_changes", {("decode",): 2, ("prefill",): 1})):
+        grown = {k: v - before[series].get(k, 0) for k, v in after[series].items()
+                 if v != before[series].get(k, 0)}
+        assert grown == want, series
 
 
 def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings) -> None:
@@ -218,7 +229,7 @@ def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings)
             return {"none": 10.0, "tbo": 5.0}
 
     rt = _runtime(Prior(), min_trials=0)
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
     batch = SimpleNamespace()
     for mode, tokens, split, want in [(ForwardMode.DECODE, 1, 0, "none"),
                                       (ForwardMode.DECODE, 2, 1, "tbo"),
@@ -227,73 +238,98 @@ def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings)
         upstream_dp_attn._update_gather_batch(batch, _sync_info(mode, tokens, split), True)
         assert state.step_mode() == want, (mode, tokens)
         assert batch.tbo_split_seq_index == (split if want == "tbo" else None), (mode, tokens)
-        d = rt.gate.decide("prefill" if mode.is_extend() else "decode", [tokens])
+        d = rt.selector.decide("prefill" if mode.is_extend() else "decode", [tokens])
         assert d.mode == "tbo", "the gate alone, offered TBO, takes it"
+
+
+def _fb(name: str, mode: ForwardMode = ForwardMode.DECODE, tbo: bool = False) -> Any:
+    return SimpleNamespace(name=name, forward_mode=mode, can_run_tbo=tbo)
 
 
 def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
     runner = SimpleNamespace(is_draft_worker=False)
     calls = []
 
     def forward(self: Any, batch: Any) -> str:
-        calls.append(batch)
+        calls.append(batch.name)
         return "out"
 
-    assert model_runner.timed_forward(forward, runner, "b0") == "out"  # nothing decided
+    assert model_runner.timed_forward(forward, runner, _fb("b0")) == "out"  # nothing decided
     assert rt.local.empty()
-    d = rt.gate.decide("decode", [8])
+    d = rt.selector.decide("decode", [8])
     rt.expect(d)
-    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), "draft")
+    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("draft"))
     assert rt.local.empty() and rt.pending is not None, "draft forwards are not the step"
-    model_runner.timed_forward(forward, runner, "b1")
+    model_runner.timed_forward(forward, runner, _fb("b1"))
     cell = cell_index("decode", measure_bucket(8), "none")
     assert rt.local.empty() and rt.pending is None, "the first step of a (phase, mode) is dropped"
-    rt.expect(rt.gate.decide("decode", [8]))
-    model_runner.timed_forward(forward, runner, "b2")
+    rt.expect(rt.selector.decide("decode", [8]))
+    model_runner.timed_forward(forward, runner, _fb("b2"))
     assert rt.local.count(cell) == 1 and calls == ["b0", "draft", "b1", "b2"]
-    model_runner.timed_forward(forward, runner, "b3")
+    model_runner.timed_forward(forward, runner, _fb("b3"))
     assert rt.local.count(cell) == 1, "one decision, one timed forward"
-    rt.expect(rt.gate.decide("decode", [100]))  # another bucket, same (phase, mode): timed
-    model_runner.timed_forward(forward, runner, "b4")
+    rt.expect(rt.selector.decide("decode", [100]))  # another bucket, same (phase, mode): timed
+    model_runner.timed_forward(forward, runner, _fb("b4"))
     assert rt.local.count(cell_index("decode", measure_bucket(100), "none")) == 1
+
+
+def test_every_served_step_is_counted_by_what_ran(auto_settings) -> None:
+    runner = SimpleNamespace(is_draft_worker=False)
+
+    def forward(self: Any, batch: Any) -> Any:
+        return SimpleNamespace(can_run_graph=batch.name == "graph")
+
+    def steps() -> dict[tuple[str, ...], int]:
+        return dict(stats.snapshot()["steps"])
+
+    before = steps()
+    state.set_step_mode("sbo")
+    model_runner.timed_forward(forward, runner, _fb("graph"))
+    model_runner.timed_forward(forward, runner, _fb("eager", ForwardMode.EXTEND, tbo=True))
+    model_runner.timed_forward(forward, runner, _fb("graph", ForwardMode.IDLE))  # not a step
+    model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("graph"))
+    state.set_step_mode(None)
+    after = steps()
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert grown == {("decode", "sbo", "graph"): 1, ("prefill", "tbo", "eager"): 1}
 
 
 def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
     cell = cell_index("decode", measure_bucket(8), "none")
     for us in (9999.0, 1500.0):  # the first is dropped: the first of its (phase, mode)
-        rt.expect(rt.gate.decide("decode", [8]))
+        rt.expect(rt.selector.decide("decode", [8]))
         rt.record(rt.take_pending(), us)
     for _ in range(3):
         rt.tick()
-    assert rt.gate.table.count(cell) == 0 and rt.local.count(cell) == 1
+    assert rt.selector.table.count(cell) == 0 and rt.local.count(cell) == 1
     rt.tick()  # the 4th call syncs (no process group here: this rank's sums are the sums)
-    assert rt.gate.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
+    assert rt.selector.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
     rt.tick(), rt.tick(), rt.tick(), rt.tick()  # nothing new: the merge adds nothing
-    assert rt.gate.table.count(cell) == 1 and rt.gate.table.mean(cell) == 1500.0
+    assert rt.selector.table.count(cell) == 1 and rt.selector.table.mean(cell) == 1500.0
     result = SimpleNamespace(internal_state={"x": 1})
     internal_state.add_gate_table(result)
     table = result.internal_state[internal_state.KEY]
     assert table["rows"] == [{"phase": "decode", "tokens": [8, 9], "mode": "none", "count": 1,
                               "mean_ms": 1.5}]
     assert table["prior"].startswith("flat") and result.internal_state["x"] == 1
-    rt.gate.decide("decode", [8])
-    assert rt.table()["chosen"] == {"decode/none": 3}
+    rt.selector.decide("decode", [8])
+    assert internal_state.served_table(rt)["chosen"] == {"decode/none": 3}
 
 
 def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -> None:
     flat = FlatPrior(frozenset({"tbo"}))
-    leader, follower = (gate.GateRuntime(Gate(flat), sync_steps=4, cuda=False, setup="t",
+    leader, follower = (SelectorRuntime(ModeSelector(flat), sync_steps=4, cuda=False, setup="t",
                                          transport="broadcast", source=src)
                         for src in (True, False))
     cell = cell_index("decode", measure_bucket(8), "none")
     for rt in (leader, follower):
         for us in (9999.0, 1500.0, 2500.0):
             rt.tick()
-            rt.expect(rt.gate.decide("decode", [8]))
+            rt.expect(rt.selector.decide("decode", [8]))
             pending = rt.take_pending()
             if pending is not None:
                 rt.record(pending, us)
@@ -301,7 +337,7 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     assert leader.local.count(cell) == 2 and leader.outgoing() is None, "3 calls < 4"
     leader.tick(), follower.tick()
     share = leader.outgoing()
-    assert share == gate.GateShare(((cell, 2, 4000),)) and leader.local.empty()
+    assert share == SelectorShare(((cell, 2, 4000),)) and leader.local.empty()
     assert leader.outgoing() is None, "one share per sync_steps calls"
     leader.record(cell, 100.0)
     for _ in range(4):
@@ -309,13 +345,13 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     assert leader.outgoing(riding=False) is None, "an empty list waits for 4 x sync_steps"
     for _ in range(12):
         leader.tick()
-    assert leader.outgoing(riding=False) == gate.GateShare(((cell, 1, 100),))
+    assert leader.outgoing(riding=False) == SelectorShare(((cell, 1, 100),))
     for rt in (leader, follower):
         rt.incoming(share)
-        assert rt.gate.table.count(cell) == 2 and rt.gate.table.mean(cell) == 2000.0
+        assert rt.selector.table.count(cell) == 2 and rt.selector.table.mean(cell) == 2000.0
         assert rt.syncs == 1
     with pytest.raises(ValueError, match="transport must be broadcast or all_reduce"):
-        gate.GateRuntime(Gate(flat), sync_steps=4, cuda=False, setup="t", transport="gossip")
+        SelectorRuntime(ModeSelector(flat), sync_steps=4, cuda=False, setup="t", transport="gossip")
 
 
 def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings) -> None:
@@ -325,13 +361,13 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
 
     fn = SchedulerRequestReceiver._broadcast_reqs_across_ranks
     assert request_receiver.broadcast_reqs in [c.cell_contents for c in fn.__closure__ or ()]
-    rt = gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo"}))), sync_steps=1, cuda=False,
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"}))), sync_steps=1, cuda=False,
                           setup="t", transport="broadcast", source=True)
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
     cell = cell_index("decode", measure_bucket(8), "none")
     for us in (9999.0, 1500.0):
         rt.tick()
-        rt.expect(rt.gate.decide("decode", [8]))
+        rt.expect(rt.selector.decide("decode", [8]))
         rt.record(rt.take_pending(), us)
     sent = []
 
@@ -340,18 +376,19 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
         return [*recv_reqs, *(local_reqs or [])]
 
     out = request_receiver.broadcast_reqs(single_rank, None, ["req"], ["abort"])
-    assert out == ["req", "abort"] and sent[0][-1] == gate.GateShare(((cell, 1, 1500),))
-    assert rt.gate.table.count(cell) == 1 and rt.syncs == 1
+    assert out == ["req", "abort"] and sent[0][-1] == SelectorShare(((cell, 1, 1500),))
+    assert rt.selector.table.count(cell) == 1 and rt.syncs == 1
     out = request_receiver.broadcast_reqs(single_rank, None, [], None)  # nothing new: no share
     assert out == [] and sent[1] == []
     rt.record(cell, 500.0)
     rt.tick()
     request_receiver.broadcast_reqs(single_rank, None, [], None)
-    assert sent[2] == [] and rt.gate.table.count(cell) == 1, "an empty list: not yet"
+    assert sent[2] == [] and rt.selector.table.count(cell) == 1, "an empty list: not yet"
     request_receiver.broadcast_reqs(single_rank, None, [], ["abort"])  # carries a request
-    assert sent[3] == [gate.GateShare(((cell, 1, 500),))] and rt.gate.table.count(cell) == 2
-    gate.set_runtime(gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo"}))), sync_steps=1,
-                                      cuda=False, setup="t"))  # all_reduce: hands straight on
+    assert sent[3] == [SelectorShare(((cell, 1, 500),))] and rt.selector.table.count(cell) == 2
+    # all_reduce: hands straight on
+    selector_setup.set_runtime(SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"}))),
+                                               sync_steps=1, cuda=False, setup="t"))
     assert request_receiver.broadcast_reqs(single_rank, None, ["req"]) == ["req"]
 
 
@@ -362,18 +399,19 @@ RANK = textwrap.dedent("""
     import torch.distributed as dist
     sys.path.insert(0, os.environ["REPO"])
     from sglang_overlap.planning.cost.prior import FlatPrior
-    from sglang_overlap.planning.gating import Gate, GateConfig
-    from sglang_overlap.sglang.gate import GateRuntime
+    from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
+    from sglang_overlap.sglang.selector_runtime import SelectorRuntime
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=2)
-    rt = GateRuntime(Gate(FlatPrior(frozenset({"tbo", "sbo"})), GateConfig(explore_share=0.2)),
-                     sync_steps=5, cuda=False, setup="t", group=lambda: dist.group.WORLD)
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo", "sbo"})),
+                                      SelectorConfig(explore_share=0.2)),
+                         sync_steps=5, cuda=False, setup="t", group=lambda: dist.group.WORLD)
     rng = random.Random(rank)  # each rank times the same steps differently
     truth = {"none": 1000.0, "tbo": 1300.0, "sbo": 950.0}
     out = []
     for step in range(300):
         rt.tick()
-        d = rt.gate.decide("decode", [16 + (step // 50)])
+        d = rt.selector.decide("decode", [16 + (step // 50)])
         rt.expect(d)
         cell = rt.take_pending()
         rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
@@ -389,15 +427,16 @@ BROADCAST_RANK = textwrap.dedent("""
     sys.path.insert(0, os.environ["REPO"])
     from sglang.srt.utils.common import broadcast_pyobj
     from sglang_overlap.planning.cost.prior import FlatPrior
-    from sglang_overlap.planning.gating import Gate, GateConfig
-    from sglang_overlap.sglang import gate, request_receiver
+    from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
+    from sglang_overlap.sglang import request_receiver, selector_setup
+    from sglang_overlap.sglang.selector_runtime import SelectorRuntime
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=2)
-    rt = gate.GateRuntime(Gate(FlatPrior(frozenset({"tbo", "sbo"})),
-                               GateConfig(explore_share=0.2)),
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo", "sbo"})),
+                               SelectorConfig(explore_share=0.2)),
                           sync_steps=5, cuda=False, setup="t", transport="broadcast",
                           source=rank == 0)
-    gate.set_runtime(rt)
+    selector_setup.set_runtime(rt)
 
     def upstream(self, recv_reqs, local_reqs=None):  # SGLang's non-DP branch, tp 2
         return broadcast_pyobj(recv_reqs, rank, dist.group.WORLD, src=0)
@@ -410,7 +449,7 @@ BROADCAST_RANK = textwrap.dedent("""
         reqs = request_receiver.broadcast_reqs(upstream, None, mine if rank == 0 else None)
         received.append(reqs)
         rt.tick()
-        d = rt.gate.decide("decode", [16 + (step // 50)])
+        d = rt.selector.decide("decode", [16 + (step // 50)])
         rt.expect(d)
         cell = rt.take_pending()
         if cell is not None:

@@ -9,8 +9,9 @@ Two priors, same interface (`candidates(phase)` and `predictions(phase, busiest,
   applies (a CPU, or a GPU without a shipped profile).
 
 Candidates: decode runs none, TBO, SBO (whichever are enabled); prefill runs none and the TBO
-split, labelled two_chunk when two-chunk is enabled (TBO otherwise). Prefill is priced as
-balanced halves: only token counts are shared between ranks, not sequence lengths.
+split, labelled "tbo" (whether a request is cut in two chunks is TBO's own plan, per batch).
+Prefill TBO is priced as balanced halves (the cost model's two_chunk): only token counts are
+shared between ranks, not sequence lengths.
 Plain Python; mypy --strict.
 """
 
@@ -39,9 +40,7 @@ def candidate_modes(phase: str, enabled: frozenset[str]) -> tuple[str, ...]:
     """The modes the gate chooses among in `phase`, as labelled in its decisions."""
     if phase == "decode":
         return ("none", *(m for m in ("tbo", "sbo") if m in enabled))
-    if enabled & {"tbo", "two_chunk"}:
-        return ("none", "two_chunk" if "two_chunk" in enabled else "tbo")
-    return ("none",)
+    return ("none", "tbo") if enabled & {"tbo", "two_chunk"} else ("none",)
 
 
 def check_enabled(enabled: frozenset[str]) -> frozenset[str]:
@@ -104,8 +103,8 @@ class CostModelPrior:
             tokens = max(per_seq, -(-tokens // per_seq) * per_seq)
         deploy = dataclasses.replace(self.deploy, tokens_per_gpu=max(1, tokens),
                                      phase="decode" if phase == "decode" else "prefill")
-        # The cost model names the prefill split two_chunk (balanced halves); label it as the
-        # gate does.
+        # The cost model names the prefill split two_chunk (balanced halves); the selector
+        # labels it tbo.
         modes = ["two_chunk" if m == "tbo" and phase == "prefill" else m
                  for m in self._cands[phase]]
         pred = predict(self.model, self.hw, deploy, modes, moe_tokens=float(max(1, key[2])),

@@ -11,6 +11,8 @@ SGLANG_USE_CPU_ENGINE=1. With SGLANG_PLUGINS set, name `cpu_shim` in it.
    plain CPU index path is used.
 3. The in-tree CPU platform does not opt out of PyNccl, so --tp 2 dies with "Expected a cuda
    device, but got: cpu". Force use_pynccl=False.
+4. With SGLANG_CPU_SHIM_GRAPHS=1: decode runs SGLang's own DecodeCudaGraphRunner with a
+   stand-in CUDA-graph backend (graphs.py), as a GPU server does with CUDA graphs on.
 """
 
 from __future__ import annotations
@@ -60,4 +62,8 @@ def register() -> None:
     _route_torch_native_to_absorbed_mla()
     _mooncake_sender_without_cuda_events()
     _no_pynccl()
+    from sglang_cpu_shim import graphs
+
+    if graphs.enabled():
+        graphs.install()
     logger.info("sglang_cpu_shim applied")

@@ -1,0 +1,195 @@
+"""The mode selector (--overlap-gating auto): per step, the enabled overlap mode estimated
+fastest at this load.
+
+Inputs, identical on every rank: the phase, every DP rank's token count and the modes that can
+run this step (`decide`), and the ranks' summed measurements, merged at the same step
+everywhere (`merge_cells`). The selector's state changes only as a function of that sequence,
+so ranks that start together choose the same mode step after step (their all-to-alls pair up).
+
+Estimates: `selector_estimates.py`; exploration and refresh: `selector_exploration.py`.
+Hysteresis: the selector leaves its current mode only for one estimated at least `hysteresis`
+(a fraction) faster, so a load at a break-even point does not flap.
+Plain Python; mypy --strict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from sglang_overlap.planning.cost.prior import Prior
+from sglang_overlap.planning.selector_estimates import Estimates
+from sglang_overlap.planning.selector_exploration import ORDER, Exploration
+from sglang_overlap.planning.step_table import StepTable, cell_index, measure_bucket
+
+logger = logging.getLogger("sglang_overlap.selector")
+
+Mode = Literal["none", "tbo", "sbo"]
+Phase = Literal["decode", "prefill"]
+HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
+EXPLORE_FLAG = "--overlap-gating-explore"
+TRIALS_FLAG = "--overlap-gating-trials"
+
+
+def check_hysteresis(hysteresis: float) -> None:
+    """Raise ValueError unless 0 <= hysteresis <= 0.5."""
+    if not (isinstance(hysteresis, (int, float)) and 0.0 <= hysteresis <= 0.5):
+        raise ValueError(f"{HYSTERESIS_FLAG} must be in [0, 0.5] (got {hysteresis!r})")
+
+
+def check_explore_share(share: float) -> None:
+    """Raise ValueError unless 0 <= share <= 0.5."""
+    if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.5):
+        raise ValueError(f"{EXPLORE_FLAG} must be in [0, 0.5] (got {share!r}); 0 turns "
+                         "exploration off (the prior then decides until a mode is measured)")
+
+
+def check_trials(trials: int) -> None:
+    """Raise ValueError unless `trials` is an integer in [0, 100]."""
+    if not (isinstance(trials, int) and not isinstance(trials, bool) and 0 <= trials <= 100):
+        raise ValueError(f"{TRIALS_FLAG} must be an integer in [0, 100] (got {trials!r})")
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    hysteresis: float = 0.03
+    min_trials: int = 3  # times each candidate runs in a bucket before the estimates decide
+    explore_share: float = 0.05  # explored steps stay at most this share of the phase's steps
+    refresh_first: int = 64  # first re-try of a mode not chosen for this many of a bucket's steps
+    refresh_every: int = 2000  # the re-try gap doubles up to this (0: no re-tries)
+    max_count: int = 64  # measurements per cell before older ones fade (StepTable cap)
+    explore_margin: float = 0.10  # with a known correction, explore only within this of the best
+
+    def __post_init__(self) -> None:
+        check_hysteresis(self.hysteresis)
+        check_explore_share(self.explore_share)
+        check_trials(self.min_trials)
+        if (self.refresh_every < 0 or self.refresh_first < 1 or self.max_count < 1
+                or self.explore_margin < 0):
+            raise ValueError(f"SelectorConfig: refresh_every >= 0, refresh_first >= 1, "
+                             f"max_count >= 1 and explore_margin >= 0 (got {self.refresh_every}, "
+                             f"{self.refresh_first}, {self.max_count}, {self.explore_margin})")
+
+
+class Decision(NamedTuple):
+    """One step's decision (a NamedTuple: built every step, cheaply)."""
+
+    mode: Mode
+    estimates: Mapping[str, float]  # us per candidate: measured, or the calibrated prior
+    measured: frozenset[str] = frozenset()  # the candidates whose estimate is measured
+    phase: str = "decode"
+    busiest: int = 0
+    mean: float = 0.0
+    bucket: int = 0
+    step: int = 0  # the selector's step counter (same on every rank)
+    why: str = ""
+    explored: bool = False
+    changed: bool = False  # mode, or being an exploration, differs from the phase's last step
+
+    @property
+    def reason(self) -> str:
+        times = ", ".join(f"{m}={t / 1e3:.3f}ms{'' if m in self.measured else '(prior)'}"
+                          for m, t in sorted(self.estimates.items()))
+        return (f"step {self.step} {self.phase} busiest={self.busiest} mean={self.mean:.1f} "
+                f"tokens/rank: {self.mode} ({self.why}); {times}")
+
+
+class ModeSelector:
+    """Chooses a mode per step from shared data; one instance per rank, fed the same inputs."""
+
+    def __init__(self, prior: Prior, config: SelectorConfig | None = None) -> None:
+        self.prior = prior
+        self.config = config or SelectorConfig()
+        self.enabled = prior.enabled
+        self._estimates = Estimates(self.config.min_trials, self.config.max_count)
+        self.exploration = Exploration(self.config, self._estimates)
+        self.steps = 0
+        self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
+        self._current: dict[str, str] = {}  # phase -> the mode hysteresis holds on to
+        self._last: dict[str, tuple[str, bool]] = {}  # phase -> (mode, explored) last step
+
+    @property
+    def table(self) -> StepTable:
+        """The shared measurements (only `merge_cells` changes them)."""
+        return self._estimates.table
+
+    @property
+    def explored(self) -> int:
+        """Steps run to measure a mode rather than on the estimates, both phases."""
+        return sum(self.exploration.phase_explored.values())
+
+    def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
+        """All ranks' summed new measurements as (cell, count, total us) triples
+        (`StepTable.take`); call it with the same triples at the same step on every rank."""
+        self._estimates.merge_cells(cells)
+
+    def correction(self, phase: str, mode: str) -> float | None:
+        return self._estimates.correction(phase, mode)
+
+    def estimates(self, phase: str, busiest: int, mean: float,
+                  candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+        """(us per candidate, the measured ones) at this load."""
+        base = cell_index(phase, measure_bucket(busiest), "none")
+        return self._estimates.estimate(base, self.prior.predictions(phase, busiest, mean),
+                                        candidates, phase)
+
+    def decide(self, phase: Phase, global_tokens_per_rank: Sequence[int],
+               available: frozenset[str] | None = None) -> Decision:
+        """The mode for this step. `global_tokens_per_rank`: every DP rank's token count (the
+        all-gathered `global_num_tokens`), identical on all ranks; `available`: the modes that
+        can run this step (None: every candidate), identical on all ranks."""
+        if phase != "decode" and phase != "prefill":
+            raise ValueError(f"ModeSelector.decide: phase must be decode or prefill "
+                             f"(got {phase!r})")
+        busiest = max(global_tokens_per_rank, default=0)
+        if busiest <= 0:
+            return Decision("none", {}, phase=phase, step=self.steps,
+                            why="idle step: every rank has 0 tokens")
+        mean = sum(global_tokens_per_rank) / len(global_tokens_per_rank)
+        candidates = self.prior.candidates(phase)
+        if available is not None:
+            candidates = tuple(m for m in candidates if m == "none" or m in available)
+        self.steps += 1
+        self.exploration.phase_steps[phase] += 1
+        bucket = measure_bucket(busiest)
+        base = cell_index(phase, bucket, "none")
+        prior = self.prior.predictions(phase, busiest, mean)
+        self._estimates.note_prior(base, prior)
+        estimates, measured = self._estimates.estimate(base, prior, candidates, phase)
+        chosen, why = self._choose(phase, estimates)
+        explore = self.exploration.pick(phase, base, chosen, estimates)
+        if explore is not None:
+            chosen, why = explore
+        self.exploration.count(phase, base, chosen, explore is not None)
+        key = (phase, chosen)
+        self.chosen[key] = self.chosen.get(key, 0) + 1
+        last = (chosen, explore is not None)
+        changed = self._last.get(phase) != last
+        if changed:
+            self._last[phase] = last
+        decision = Decision(chosen, estimates, measured, phase, busiest,  # type: ignore[arg-type]
+                            mean, bucket, self.steps, why, explore is not None, changed)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("mode selector: %s", decision.reason)
+        return decision
+
+    def _choose(self, phase: str, estimates: Mapping[str, float]) -> tuple[str, str]:
+        best = min(estimates, key=lambda m: (estimates[m], ORDER[m]))
+        current = self._current.get(phase)
+        if current is None or current not in estimates:
+            if current is None:
+                self._current[phase] = best
+                return best, "first step of this phase"
+            return best, f"{current} cannot run this step"
+        if best == current:
+            return current, "still the fastest"
+        if estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
+            self._current[phase] = best
+            return best, f"beats {current} by at least {self.config.hysteresis:.0%}"
+        return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
+
+
+__all__ = ["Decision", "Mode", "ModeSelector", "Phase", "SelectorConfig", "check_explore_share",
+           "check_hysteresis", "check_trials"]

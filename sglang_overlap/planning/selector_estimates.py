@@ -1,0 +1,121 @@
+"""What the mode selector believes a mode costs at a load: the measured mean where the load's
+bucket has measured it, else the prior carried over from what other buckets measured.
+
+    estimate(mode) = measured mean                   if this bucket measured it
+                   = prior(mode) x correction(mode) x calibration   otherwise
+
+correction(phase, mode): geometric mean, over buckets that measured both, of
+measured(mode) / measured(none) over the prior's same ratio (absent: 1). calibration: this
+bucket's measured / corrected-prior ratio over the modes it measured (none measured: 1).
+
+Measurements enter only through `merge_cells`, with the same triples at the same step on every
+rank, so every rank holds the same table. A refreshing cell (`start_refresh`) collects
+`min_trials` new measurements before they replace its old ones.
+Plain Python; mypy --strict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from sglang_overlap.planning.step_table import MODES, StepTable, cell_index
+
+OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
+_PREFILL_BASE = cell_index("prefill", 0, "none")  # bases below it are decode buckets
+
+
+class Estimates:
+    """The shared step-time table and what it teaches about the prior."""
+
+    def __init__(self, min_trials: int, max_count: int) -> None:
+        self.min_trials = min_trials
+        self.max_count = max_count
+        self.table = StepTable()
+        self.fresh: dict[int, tuple[int, int]] = {}  # refreshing cell -> (count, total us)
+        self._prior_ratio: dict[int, dict[str, float]] = {}  # base -> prior(m) / prior(none)
+        self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+
+    def correction(self, phase: str, mode: str) -> float | None:
+        """measured / predicted of `mode` relative to none, from other buckets (None: unknown)."""
+        return self._correction[phase].get(mode)
+
+    def corrections(self, phase: str) -> Mapping[str, float]:
+        return self._correction[phase]
+
+    def note_prior(self, base: int, prior: Mapping[str, float]) -> None:
+        """Remember the prior's ratios at bucket `base` (once), for the corrections."""
+        if base not in self._prior_ratio:
+            none = prior.get("none", 0.0)
+            self._prior_ratio[base] = {m: t / none for m, t in prior.items()
+                                       if m != "none" and none > 0}
+
+    def start_refresh(self, cell: int) -> None:
+        self.fresh.setdefault(cell, (0, 0))
+
+    def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
+        """Add (cell, count, total us) triples (`StepTable.take`); same triples, same step, on
+        every rank."""
+        if not cells:
+            return
+        if self.fresh:
+            kept = []
+            for c in cells:
+                if c[0] in self.fresh:
+                    self._refreshed(*c)
+                else:
+                    kept.append(c)
+            cells = kept
+        self.table.add_cells(cells, self.max_count)
+        self._update_corrections()
+
+    def _refreshed(self, cell: int, count: int, total: int) -> None:
+        n, t = self.fresh[cell]
+        n, t = n + count, t + total
+        if n < self.min_trials:
+            self.fresh[cell] = (n, t)
+        else:
+            del self.fresh[cell]
+            self.table.take((cell,))
+            self.table.add_cells(((cell, n, t),), self.max_count)
+
+    def _update_corrections(self) -> None:
+        counts, totals = self.table.counts, self.table.totals
+        logs: dict[tuple[str, str], list[float]] = {}
+        for base, ratios in self._prior_ratio.items():
+            n_none = counts[base]
+            if not n_none:
+                continue
+            phase = "decode" if base < _PREFILL_BASE else "prefill"
+            none_us = totals[base] / n_none
+            for m, prior_ratio in ratios.items():
+                cell = base + OFFSET[m]
+                n = counts[cell]
+                if n and none_us > 0 and prior_ratio > 0 and totals[cell] > 0:
+                    measured_ratio = totals[cell] / n / none_us
+                    logs.setdefault((phase, m), []).append(math.log(measured_ratio / prior_ratio))
+        for phase in ("decode", "prefill"):
+            self._correction[phase] = {m: math.exp(sum(v) / len(v))
+                                       for (p, m), v in logs.items() if p == phase}
+
+    def estimate(self, base: int, prior: Mapping[str, float], candidates: Sequence[str],
+                 phase: str) -> tuple[dict[str, float], frozenset[str]]:
+        """(us per candidate, the measured ones) at bucket `base`."""
+        counts, totals = self.table.counts, self.table.totals
+        out: dict[str, float] = {}
+        for m in candidates:
+            cell = base + OFFSET[m]
+            n = counts[cell]
+            if n:
+                out[m] = totals[cell] / n
+        measured = frozenset(out)
+        if len(out) == len(candidates):
+            return out, measured
+        correction = self._correction[phase]
+        corrected = {m: prior[m] * correction.get(m, 1.0) for m in candidates} if correction \
+            else prior
+        scale = 1.0
+        if out:
+            predicted = sum(corrected[m] for m in out)
+            scale = sum(out.values()) / predicted if predicted > 0 else 1.0
+        return {m: out[m] if m in out else corrected[m] * scale for m in candidates}, measured

@@ -1,0 +1,179 @@
+"""Hooks on `sglang.srt.model_executor.runner.decode_cuda_graph_runner`: one decode graph set
+per overlap mode, so that every decode step in the captured range replays the mode the mode
+selector (--overlap-gating auto) chose.
+
+Upstream captures one set: with TBO on, TBO graphs only, replayed only when the step can run TBO
+(`can_run_graph`), so a step the selector runs without TBO would fall out of its graph. With the
+selector on, `DecodeCudaGraphRunner` (never a draft model's) captures every batch size once per
+graph mode (`graph_modes`: "tbo" if TBO is on, "sbo" if SBO is on, and "none"), each under
+SGLang's own switches for that mode (`state.upstream_flags`: the TBO plugin splits only in the
+TBO capture, SBO's hooks run only in the SBO capture, `deepseek_v2.py`), keyed by
+`ShapeKey.variant_label` (`mode_label`). Capture time and graph memory grow by the number of
+graph modes (at most 3); --cuda-graph-max-bs bounds both, as upstream.
+
+* `capture_one_shape` (around): capture the shape once per graph mode.
+* `_make_graph_key` (around): the key names the mode being captured, or the mode the step runs.
+* `can_run_graph` / `execute` (around): the step's mode (`step_graph_mode`: TBO when the batch is
+  split, else SBO when it applies to the step, else none) picks the set; the runner's TBO switch
+  follows it, so a step not in TBO replays without the TBO split.
+
+A decode step in the captured range that runs eager anyway is counted
+(`stats.add("eager_fallbacks", mode, reason)`) and logged once per (mode, reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from sglang_overlap import stats
+from sglang_overlap.settings import OverlapSettings
+from sglang_overlap.sglang import state
+from sglang_overlap.sglang.hooks import HookSpec
+
+logger = logging.getLogger("sglang_overlap")
+
+RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+CAPTURE_ONE_SHAPE = f"{RUNNER}.capture_one_shape"
+MAKE_GRAPH_KEY = f"{RUNNER}._make_graph_key"
+CAN_RUN_GRAPH = f"{RUNNER}.can_run_graph"
+EXECUTE = f"{RUNNER}.execute"
+
+MODES_ATTR = "_sglang_overlap_graph_modes"  # set on a runner whose graphs are per mode
+_keyed: list[str | None] = [None]  # the mode `_make_graph_key` adds, while one is set
+_logged: set[tuple[str, str]] = set()
+
+
+def graph_modes(s: OverlapSettings) -> tuple[str, ...]:
+    """The decode modes captured as graph sets, largest first; () where upstream's single set
+    serves (no mode selector, or nothing to select)."""
+    if s.overlap_gating != "auto":
+        return ()
+    modes = (("tbo",) if s.enable_two_batch_overlap else ()) + (
+        ("sbo",) if s.enable_single_batch_overlap else ())
+    return (*modes, "none") if modes else ()
+
+
+def mode_label(label: str | None, mode: str) -> str:
+    """`ShapeKey.variant_label` of `mode`'s graph (upstream's label, e.g. LoRA's, kept)."""
+    return f"{label}+overlap:{mode}" if label else f"overlap:{mode}"
+
+
+def runner_modes(runner: Any) -> tuple[str, ...]:
+    """The graph modes `runner` captures (cached on it): () for a draft model's runner."""
+    modes = runner.__dict__.get(MODES_ATTR)
+    if modes is None:
+        draft = bool(getattr(runner.model_runner, "is_draft_worker", False))
+        modes = () if draft else graph_modes(state.settings())
+        runner.__dict__[MODES_ATTR] = modes
+    return tuple(modes)
+
+
+def step_graph_mode(forward_batch: Any) -> str:
+    """The mode this step runs: what SGLang's forward does with this batch and flags."""
+    if forward_batch.can_run_tbo:
+        return "tbo"
+    return "sbo" if state.sbo_active() else "none"
+
+
+@contextlib.contextmanager
+def _as_mode(runner: Any, mode: str, *, capture: bool = False) -> Iterator[None]:
+    """The runner (and, in capture, SGLang's TBO/SBO switches and the step mode) as `mode`."""
+    saved_tbo, saved_key, saved_step = runner.enable_two_batch_overlap, _keyed[0], \
+        state.step_mode()
+    runner.enable_two_batch_overlap = saved_tbo and mode == "tbo"
+    _keyed[0] = mode
+    flags = contextlib.nullcontext()
+    if capture:
+        state.set_step_mode(mode)
+        flags = state.upstream_flags(tbo=mode == "tbo" if saved_tbo else None,
+                                     sbo=mode == "sbo" if mode != "tbo" else None)
+    try:
+        with flags:
+            yield
+    finally:
+        runner.enable_two_batch_overlap, _keyed[0] = saved_tbo, saved_key
+        if capture:
+            state.set_step_mode(saved_step)
+
+
+def capture_one_shape(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    modes = runner_modes(self)
+    if not modes:
+        return orig(self, *args, **kwargs)
+    out = None
+    for mode in modes:
+        with _as_mode(self, mode, capture=True):
+            out = orig(self, *args, **kwargs)
+    return out
+
+
+def make_graph_key(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    key = orig(self, *args, **kwargs)
+    mode = _keyed[0]
+    if mode is None or not runner_modes(self):
+        return key
+    return dataclasses.replace(key, variant_label=mode_label(key.variant_label, mode))
+
+
+def can_run_graph(orig: Any, self: Any, forward_batch: Any) -> bool:
+    modes = runner_modes(self)
+    if not modes:
+        return bool(orig(self, forward_batch))
+    mode = step_graph_mode(forward_batch)
+    with _as_mode(self, mode):
+        ok = bool(orig(self, forward_batch))
+    if not ok and forward_batch.forward_mode.is_decode():
+        _fallback(self, forward_batch, mode)
+    return ok
+
+
+def execute(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+    modes = runner_modes(self)
+    if not modes:
+        return orig(self, forward_batch, *args, **kwargs)
+    with _as_mode(self, step_graph_mode(forward_batch)):
+        return orig(self, forward_batch, *args, **kwargs)
+
+
+def _fallback(runner: Any, forward_batch: Any, mode: str) -> None:
+    """Count (and log once) a decode step in the captured range that will run eager."""
+    if forward_batch.batch_size > runner.max_bs:
+        return  # above --cuda-graph-max-bs: eager by configuration, as upstream
+    reason = fallback_reason(runner, forward_batch)
+    stats.add("eager_fallbacks", mode, reason)
+    if (mode, reason) not in _logged:
+        _logged.add((mode, reason))
+        logger.warning("sglang-overlap: a %s decode step of batch size %d runs eager inside the "
+                       "captured range (--cuda-graph-max-bs %d): %s (logged once)", mode,
+                       forward_batch.batch_size, runner.max_bs, reason)
+
+
+def fallback_reason(runner: Any, forward_batch: Any) -> str:
+    """Why upstream's `can_run_graph` refused a batch within --cuda-graph-max-bs."""
+    if forward_batch.replace_embeds is not None:
+        return "embedding_override"
+    if runner.require_mlp_sync and not forward_batch.can_run_decode_cuda_graph:
+        return "a_dp_rank_cannot_replay"
+    if forward_batch.lora_ids is not None:
+        return "lora"
+    return "upstream_refused"
+
+
+HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(CAPTURE_ONE_SHAPE, capture_one_shape, "around",
+             "--overlap-gating auto: capture each decode shape once per overlap mode",
+             "src:4d9b36b32b2c", feature="gate"),
+    HookSpec(MAKE_GRAPH_KEY, make_graph_key, "around",
+             "--overlap-gating auto: a graph key names its overlap mode", "src:8a6b1675fe6a",
+             feature="gate"),
+    HookSpec(CAN_RUN_GRAPH, can_run_graph, "around",
+             "--overlap-gating auto: a step replays its mode's graph (not only TBO ones)",
+             "src:99352abf2692", feature="gate"),
+    HookSpec(EXECUTE, execute, "around",
+             "--overlap-gating auto: replay the step's mode's graph", "src:85927aa00425",
+             feature="gate"),
+)

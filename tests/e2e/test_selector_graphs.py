@@ -1,0 +1,144 @@
+"""The mode selector (--overlap-gating auto) on real `--tp 2` CPU servers whose decode runs through
+SGLang's own `DecodeCudaGraphRunner` (the kit's stand-in graph backend, SGLANG_CPU_SHIM_GRAPHS=1)
+with TBO and SBO enabled: every decode step in the captured range replays a graph of the mode the
+selector chose (one graph set per mode, `sglang/decode_cuda_graph_runner.py`), none runs eager,
+the selector's table holds the replays' times, both ranks decide alike, and greedy tokens equal
+the eager server's without overlap; and the reliability probes of test_reliability.py get the
+answers of the server without the plugin.
+
+Evidence is read where the server keeps it: the stand-in backend's captures and replays per
+graph key and TP rank (SGLANG_CPU_SHIM_COUNTERS), the plugin's step counters and learned table
+in GET /server_info, and each rank's logged decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import probes
+import pytest
+from graph_runs import GRAPH_BS, GRAPH_ENV
+from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, OverlapRuns, Probes, _probe
+from servers import Server
+
+pytestmark = pytest.mark.e2e
+
+MODES = ("tbo", "sbo", "none")
+SELECTOR = ["--enable-two-batch-overlap", "--enable-single-batch-overlap", "--overlap-gating",
+            "auto", "--overlap-gating-explore", "0.5", "--overlap-gating-trials", "2",
+            "--overlap-gating-sync-steps", "2"]
+CONFIGS = {"a2a_auto_graphs": [*A2A, *SELECTOR, *GRAPH_BS]}
+PORT = 30340
+DECISION = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -> \w+)")
+
+
+@dataclass(frozen=True)
+class SelectorRun:
+    ids: list[list[int]]
+    log: str
+    table: dict[str, Any]  # the selector's /server_info entry (internal_state.served_table)
+    counters: dict[int, dict[str, Any]]  # TP rank -> the stand-in backend's snapshot
+    probes: Probes  # test_reliability.py's cases, sent after the counters were read
+    probe_log: str
+
+    def series(self, name: str) -> dict[tuple[str, ...], int]:
+        return {tuple(row[:-1]): row[-1] for row in self.table["counters"].get(name, [])}
+
+
+def _server_table(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/server_info", timeout=60) as r:
+        info = json.loads(r.read())
+    tables = [s["sglang_overlap_gate"] for s in info.get("internal_states") or []
+              if isinstance(s, dict) and "sglang_overlap_gate" in s]
+    assert len(tables) == 1, info.get("internal_states")
+    return tables[0]
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def run(request: Any, tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
+        tmp_path_factory: pytest.TempPathFactory) -> SelectorRun:
+    name = request.param
+    work = tmp_path_factory.mktemp(name)
+    counters = work / "counters"
+    counters.mkdir()
+    env = {**sglang_cpu_env, **GRAPH_ENV, "SGLANG_CPU_SHIM_COUNTERS": str(counters)}
+    with Server(name, tiny_dsv3, PORT, CONFIGS[name], env, work) as server:
+        ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
+        for _ in range(3):  # more decode steps at batch 6 and 1: each mode explored, measured
+            server.generate(BATCH, NEW_TOKENS)
+            server.generate([LONG], NEW_TOKENS)
+        table = _server_table(server.url)
+        log = server.log_text()
+        snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
+        found, probe_log = _probe(server)
+    return SelectorRun(ids, log, table, {int(s["rank"]): s for s in snaps}, found, probe_log)
+
+
+def test_greedy_tokens_equal_the_eager_server_without_overlap(
+        run: SelectorRun, overlap_runs: OverlapRuns) -> None:
+    want = overlap_runs["a2a"].ids
+    for i, (w, h) in enumerate(zip(want, run.ids, strict=True)):
+        assert h == w, f"prompt {i}: {h=} {w=}"
+
+
+def test_every_shape_is_captured_once_per_mode_on_both_ranks(run: SelectorRun) -> None:
+    assert set(run.counters) == {0, 1}, run.counters
+    captures = run.counters[0]["captures"]
+    assert captures == run.counters[1]["captures"]
+    for mode in MODES:  # the batch sizes TBO can split, in every mode's set
+        for bs in (4, 8):
+            key = [k for k in captures if f"size={bs}," in k and f"'overlap:{mode}'" in k]
+            assert len(key) == 1 and captures[key[0]] == 1, (mode, bs, sorted(captures))
+
+
+def test_decode_steps_replay_their_modes_graph_and_none_runs_eager(run: SelectorRun) -> None:
+    replays = {0: run.counters[0]["replays"], 1: run.counters[1]["replays"]}
+    assert replays[0] == replays[1], replays  # every step ran on both ranks, same graph
+    by_mode = {m: sum(n for k, n in replays[0].items() if f"'overlap:{m}'" in k) for m in MODES}
+    steps = run.series("steps")
+    decode = {m: steps.get(("decode", m, "graph"), 0) for m in MODES}
+    assert all(by_mode[m] > 0 for m in MODES), (by_mode, replays[0])
+    assert decode == by_mode, (decode, by_mode)  # every counted replay is a step of that mode
+    assert not any(k[0] == "decode" and k[2] == "eager" for k in steps), steps
+    assert run.series("eager_fallbacks") == {}, run.series("eager_fallbacks")
+
+
+def test_the_selectors_table_holds_replay_times(run: SelectorRun) -> None:
+    decode_rows = {r["mode"] for r in run.table["rows"] if r["phase"] == "decode"}
+    assert decode_rows >= {"tbo", "sbo", "none"}, run.table["rows"]
+    decisions = run.series("decisions")
+    assert sum(n for (phase, _), n in decisions.items() if phase == "decode") >= 30, decisions
+
+
+def test_both_tp_ranks_log_the_identical_decision_sequence(run: SelectorRun) -> None:
+    seqs: dict[str, list[str]] = {}
+    for rank, decision in DECISION.findall(run.log):
+        seqs.setdefault(rank, []).append(decision)
+    assert set(seqs) == {"TP0", "TP1"} and len(seqs["TP0"]) >= 3, seqs
+    assert seqs["TP0"] == seqs["TP1"]
+
+
+BASELINE = "plain_without_plugin"
+
+
+def test_reliability_probes_answer_as_without_the_plugin(run: SelectorRun,
+                                                         overlap_runs: OverlapRuns) -> None:
+    want = overlap_runs[BASELINE].probes
+    assert want is not None
+    for case, outcome in want.cases.items():
+        assert run.probes.cases[case] == outcome, f"{case=}\n{run.probes.cases[case]=}"
+    for i, (w, g) in enumerate(zip(want.streams.values(), run.probes.streams.values(),
+                                   strict=True)):
+        if i % 2:  # dropped by the client after its first event
+            assert g.status == w.status == 200, f"stream {i}: {g=} {w=}"
+        else:
+            assert g == w, f"stream {i}:\n{g=}\n{w=}"
+    assert run.probes.after == want.after
+    assert run.probes.ending.status == want.ending.status
+    extra = probes.tracebacks(run.probe_log) - probes.tracebacks(overlap_runs[BASELINE].log)
+    assert not extra, sorted(extra)

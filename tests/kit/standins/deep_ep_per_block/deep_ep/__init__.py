@@ -1,0 +1,42 @@
+"""Test-only stand-in for DeepEP's antgroup-opt tree (76f0271) on torch.distributed: the
+per-block overlap form (`overlap, packed_recv_count, comp_signal, block_m, threshold,
+num_sms`). The signatures of `Buffer.low_latency_dispatch` / `low_latency_combine` are that
+tree's, verbatim (tests/fixtures/deep_ep_trees/antgroup-opt-76f0271); the bodies are
+`sglang_cpu_shim.deep_ep_gloo` (contract there)."""
+
+from typing import Callable, Optional, Tuple
+
+import torch
+from sglang_cpu_shim.deep_ep_gloo import BufferBase, Config, EventOverlap
+
+__version__ = '1.2.1+antgroup-opt.76f0271'  # the fixture tree's local build tag
+__all__ = ["Buffer", "Config", "EventOverlap"]
+
+
+class Buffer(BufferBase):
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                             num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False) -> \
+            Tuple[Tuple[torch.Tensor, torch.Tensor], torch.Tensor, Tuple, "EventOverlap", Callable]:
+        return self._ll.dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                                 use_fp8=use_fp8, round_scale=round_scale)
+
+    # noinspection PyTypeChecker
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
+                            overlap: bool = False, packed_recv_count: torch.Tensor = None, comp_signal: torch.Tensor = None,
+                            block_m: int = 64, threshold: int = 0, num_sms: int = 3,
+                            use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None) -> \
+            Tuple[torch.Tensor, "EventOverlap", Callable]:
+        combined, event, hook = self._ll.combine(
+            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_block",
+            packed_recv_count=packed_recv_count, comp_signal=comp_signal, block_m=block_m,
+            threshold=threshold)
+        if out is not None:
+            out.copy_(combined)
+            combined = out
+        return combined, event, hook

@@ -1,0 +1,43 @@
+"""Test-only stand-in for sgl-deep-ep 0.1.2.post1 (`deep_ep` 2.1.0) on torch.distributed: the
+per-expert overlap form (`overlap, src_signals, src_signal_expect_value`). The signatures of
+`Buffer.low_latency_dispatch` / `low_latency_combine` are the wheel's, verbatim
+(tests/fixtures/deep_ep_trees/sgl-deep-ep-0.1.2.post1); the bodies are
+`sglang_cpu_shim.deep_ep_gloo` (contract there)."""
+
+from typing import Callable, Optional, Tuple
+
+import torch
+from sglang_cpu_shim.deep_ep_gloo import BufferBase, Config, EventOverlap
+
+__version__ = '2.1.0'
+__all__ = ["Buffer", "Config", "EventOverlap"]
+
+
+class Buffer(BufferBase):
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                             num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                             x_global_scale: Optional[torch.Tensor] = None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             use_nvfp4: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False) -> \
+            Tuple[Tuple[torch.Tensor, torch.Tensor], torch.Tensor, Tuple, "EventOverlap", Callable]:
+        if use_nvfp4:
+            raise NotImplementedError("deep_ep stand-in: use_nvfp4")
+        return self._ll.dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                                 use_fp8=use_fp8, round_scale=round_scale)
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: tuple, use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                            overlap: bool = False, src_signals: Optional[torch.Tensor] = None, src_signal_expect_value: int = 0) -> \
+            Tuple[torch.Tensor, "EventOverlap", Callable]:
+        combined, event, hook = self._ll.combine(
+            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_expert",
+            src_signals=src_signals, src_signal_expect_value=src_signal_expect_value)
+        if out is not None:
+            out.copy_(combined)
+            combined = out
+        return combined, event, hook

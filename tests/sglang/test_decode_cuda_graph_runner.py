@@ -1,0 +1,169 @@
+"""`sglang/decode_cuda_graph_runner.py` on SGLang 0.5.23's real `DecodeCudaGraphRunner` methods
+(CPU, no capture backend): with the mode selector every decode step in the captured range is
+eligible for a graph of its own mode, keyed by mode; the capture runs each shape once per mode
+under SGLang's own TBO/SBO switches; a step that still runs eager is counted with its reason."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+                    reason="sglang 0.5.23 is not installed")
+
+from sglang.srt.layers.moe.utils import is_sbo_enabled, is_tbo_enabled  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (  # noqa: E402
+    DecodeCudaGraphRunner,
+)
+from sglang.srt.runtime_context import get_flags  # noqa: E402
+
+from sglang_overlap import stats  # noqa: E402
+from sglang_overlap.settings import OverlapSettings  # noqa: E402
+from sglang_overlap.sglang import decode_cuda_graph_runner as glue  # noqa: E402
+from sglang_overlap.sglang import state  # noqa: E402
+
+BOTH = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True,
+                       requested_a2a_backend="torch_a2a", overlap_gating="auto")
+TBO_ONLY = OverlapSettings(enable_two_batch_overlap=True, overlap_gating="auto")
+FIXED_TBO = OverlapSettings(enable_two_batch_overlap=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _plugins_loaded() -> None:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+@pytest.fixture()
+def settings(request: Any) -> Any:
+    value = getattr(request, "param", BOTH)
+    state.configure(value)
+    moe = get_flags().moe
+    saved = moe.tbo_enabled, moe.sbo_enabled
+    moe.tbo_enabled = value.enable_two_batch_overlap
+    moe.sbo_enabled = value.enable_single_batch_overlap
+    yield value
+    moe.tbo_enabled, moe.sbo_enabled = saved
+    state.configure(None)
+    state.set_step_mode(None)
+
+
+def _runner(*, tbo: bool = True, max_bs: int = 8, draft: bool = False) -> Any:
+    """A DecodeCudaGraphRunner with what `can_run_graph` / `_make_graph_key` read (no capture)."""
+    r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
+    r.ragged_verify_mode = False
+    r.captured_req_width = 1
+    r.require_mlp_tp_gather = False
+    r.require_mlp_sync = False
+    r.enable_pdmux = False
+    r.record_nolora_graph = False
+    r.disable_padding = False
+    r.max_bs = max_bs
+    r.is_encoder_decoder = False
+    r.enable_two_batch_overlap = tbo
+    r.model_runner = SimpleNamespace(is_draft_worker=draft,
+                                     spec_algorithm=SimpleNamespace(is_ngram=lambda: False))
+    return r
+
+
+def _batch(bs: int, *, tbo_split: int | None = None, embeds: Any = None) -> Any:
+    return SimpleNamespace(replace_embeds=embeds, spec_info=None, batch_size=bs,
+                           can_run_tbo=tbo_split is not None, forward_mode=ForwardMode.DECODE,
+                           lora_ids=None, can_run_decode_cuda_graph=True)
+
+
+def _fallbacks() -> dict[tuple[str, ...], int]:
+    return dict(stats.snapshot()["eager_fallbacks"])
+
+
+def test_graph_modes_follow_the_flags() -> None:
+    assert glue.graph_modes(BOTH) == ("tbo", "sbo", "none")
+    assert glue.graph_modes(TBO_ONLY) == ("tbo", "none")
+    assert glue.graph_modes(FIXED_TBO) == ()  # no selector: upstream's single set
+    assert glue.graph_modes(OverlapSettings(overlap_gating="auto")) == ()
+
+
+@pytest.mark.parametrize("settings", [FIXED_TBO], indirect=True)
+def test_without_the_selector_upstream_decides_alone(settings: Any) -> None:
+    r = _runner()
+    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4))  # TBO graphs only, as upstream
+    assert DecodeCudaGraphRunner.can_run_graph(r, _batch(4, tbo_split=2))
+    assert DecodeCudaGraphRunner._make_graph_key(r, 4).variant_label is None
+
+
+def test_a_step_gated_off_tbo_replays_its_own_graph(settings: Any) -> None:
+    r = _runner()
+    before = _fallbacks()
+    seen: dict[str, Any] = {}
+
+    def orig(runner: Any, fb: Any) -> str:
+        seen["tbo"] = runner.enable_two_batch_overlap  # load_batch's replay_prepare switch
+        seen["key"] = DecodeCudaGraphRunner._make_graph_key(runner, 4)
+        return "out"
+
+    for mode, batch, want in (("none", _batch(4), "overlap:none"),
+                              ("sbo", _batch(4), "overlap:sbo"),
+                              ("tbo", _batch(4, tbo_split=2), "overlap:tbo")):
+        state.set_step_mode(mode)
+        assert DecodeCudaGraphRunner.can_run_graph(r, batch), mode
+        assert glue.execute(orig, r, batch) == "out"
+        assert seen["key"].variant_label == want and seen["key"].size == 4
+        assert seen["tbo"] is (mode == "tbo"), mode
+        assert r.enable_two_batch_overlap is True  # restored
+    assert _fallbacks() == before
+
+
+def test_eager_steps_in_the_range_are_counted_with_their_reason(settings: Any) -> None:
+    r = _runner(max_bs=8)
+    state.set_step_mode("none")
+    before = _fallbacks()
+    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4, embeds=object()))
+    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(16))  # above the range: not one
+    after = _fallbacks()
+    key = ("none", "embedding_override")
+    assert after.get(key, 0) == before.get(key, 0) + 1
+    assert sum(after.values()) == sum(before.values()) + 1
+
+
+def test_a_draft_models_runner_keeps_upstreams_set(settings: Any) -> None:
+    r = _runner(draft=True)
+    state.set_step_mode("none")
+    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4))
+    assert DecodeCudaGraphRunner._make_graph_key(r, 4).variant_label is None
+
+
+def test_capture_runs_each_shape_once_per_mode_under_sglangs_switches(settings: Any) -> None:
+    r = _runner()
+    runs: list[tuple[Any, ...]] = []
+
+    def orig(runner: Any, size: int, forward: Any) -> None:
+        key = DecodeCudaGraphRunner._make_graph_key(runner, size)
+        runs.append((key.variant_label, is_tbo_enabled(), is_sbo_enabled(), state.step_mode(),
+                     state.sbo_active()))
+
+    state.set_step_mode("sbo")
+    glue.capture_one_shape(orig, r, 8, None)
+    assert runs == [("overlap:tbo", True, True, "tbo", False),  # the TBO path runs no SBO
+                    ("overlap:sbo", False, True, "sbo", True),
+                    ("overlap:none", False, False, "none", False)]
+    assert (is_tbo_enabled(), is_sbo_enabled(), state.step_mode()) == (True, True, "sbo")
+    assert DecodeCudaGraphRunner._make_graph_key(r, 8).variant_label is None  # outside a step
+
+
+@pytest.mark.parametrize("settings", [TBO_ONLY], indirect=True)
+def test_tbo_only_captures_tbo_and_none(settings: Any) -> None:
+    r = _runner()
+    labels: list[str] = []
+    glue.capture_one_shape(
+        lambda runner, size, forward: labels.append(
+            DecodeCudaGraphRunner._make_graph_key(runner, size).variant_label), r, 2, None)
+    assert labels == ["overlap:tbo", "overlap:none"]
+
+
+def test_upstreams_label_is_kept() -> None:
+    assert glue.mode_label("nolora", "tbo") == "nolora+overlap:tbo"
+    assert glue.mode_label(None, "none") == "overlap:none"
