@@ -56,7 +56,10 @@ def overlap_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
 
 
 @pytest.fixture(scope="session")
-def graph_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
+def graph_runs(tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, str],
                tmp_path_factory: pytest.TempPathFactory) -> GraphRuns:
-    """The servers of graph_runs.CONFIGS (decode through the stand-in graph backend)."""
-    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"))
+    """The servers of graph_runs.CONFIGS (decode through the stand-in graph backend; deepep
+    on the kit's per-expert deep_ep stand-in)."""
+    deepep = cpu_kit.env(os.environ, pythonpath=[str(REPO)], deepep_form="per_expert")
+    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"),
+                     deepep["PYTHONPATH"])

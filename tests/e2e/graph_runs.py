@@ -19,9 +19,17 @@ from servers import Server
 
 GRAPH_BS = ["--cuda-graph-bs-decode", "1", "2", "4", "8"]
 GRAPH_ENV = {"SGLANG_CPU_SHIM_GRAPHS": "1"}
+# SGLang's own DeepEP dispatcher on the kit's deep_ep stand-in (per-expert tree), unquantized
+# low-latency dispatch, an emulated SM90 for DeepEP's sizing and the plugin's SBO decision.
+DEEPEP = ["--tp", "2", "--dtype", "float32", "--moe-a2a-backend", "deepep", "--deepep-mode",
+          "low_latency", "--deepep-dispatcher-output-dtype", "bf16"]
+# LL dispatch takes at most N tokens per rank, prefill included: N = 512 holds LONG's prefill.
+DEEPEP_ENV = {"SGLANG_CPU_SHIM_DEEPEP": "1", "SGLANG_OVERLAP_ASSUME_ARCH": "sm90",
+              "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": "512"}
 CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "graphs_tbo": ([*A2A, "--enable-two-batch-overlap", *GRAPH_BS], GRAPH_ENV),
     "graphs_sbo": ([*A2A, "--enable-single-batch-overlap", *GRAPH_BS], GRAPH_ENV),
+    "deepep_graphs": ([*DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV}),
 }
 PORT = 30300
 
@@ -41,8 +49,12 @@ class GraphRun:
 class GraphRuns:
     """name -> GraphRun, each configuration's server started on first use."""
 
-    def __init__(self, model: Path, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, model: Path, env: dict[str, str], log_dir: Path,
+                 deepep_pythonpath: str = "") -> None:
+        """`deepep_pythonpath`: PYTHONPATH for the deepep servers (env's, with the kit's
+        deep_ep / deep_gemm stand-ins: `Kit.env(..., deepep_form=...)`)."""
         self.model, self.env, self.log_dir = model, env, log_dir
+        self.deepep_pythonpath = deepep_pythonpath
         self._runs: dict[str, GraphRun] = {}
 
     def __getitem__(self, name: str) -> GraphRun:
@@ -52,6 +64,8 @@ class GraphRuns:
 
     def _run(self, name: str) -> GraphRun:
         flags, env = CONFIGS[name]
+        if "SGLANG_CPU_SHIM_DEEPEP" in env:
+            env = {**env, "PYTHONPATH": self.deepep_pythonpath}
         counters = self.log_dir / f"{name}-counters"
         counters.mkdir()
         server = Server(name, self.model, PORT + list(CONFIGS).index(name), flags,

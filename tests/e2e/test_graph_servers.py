@@ -1,7 +1,9 @@
 """SGLang's GPU decode path (its `DecodeCudaGraphRunner`: capture loop, `can_run_graph`, padding
 to a captured size, the TBO plugin's replay preparation) in real `--tp 2` CPU servers, through
 the kit's stand-in graph backend: greedy tokens equal the eager server's (`--moe-a2a-backend
-torch_a2a`, no overlap), and the counters show the decode steps replayed captured graphs.
+torch_a2a`, no overlap), and the counters show the decode steps replayed captured graphs. The
+`deepep_graphs` server runs `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
+the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from overlap_runs import OverlapRuns
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo"])
+@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo", "deepep_graphs"])
 def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
                                                 overlap_runs: OverlapRuns, name: str) -> None:
     want, have = overlap_runs["a2a"].ids, graph_runs[name].ids
@@ -21,7 +23,7 @@ def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
         assert h == w, f"{name} prompt {i}: {h=} {w=}"
 
 
-@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo"])
+@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo", "deepep_graphs"])
 def test_decode_steps_replayed_on_both_ranks(graph_runs: GraphRuns, name: str) -> None:
     ranks = graph_runs[name].by_rank()
     assert set(ranks) == {0, 1}, ranks

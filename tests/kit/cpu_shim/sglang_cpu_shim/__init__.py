@@ -13,6 +13,9 @@ SGLANG_USE_CPU_ENGINE=1. With SGLANG_PLUGINS set, name `cpu_shim` in it.
    device, but got: cpu". Force use_pynccl=False.
 4. With SGLANG_CPU_SHIM_GRAPHS=1: decode runs SGLang's own DecodeCudaGraphRunner with a
    stand-in CUDA-graph backend (graphs.py), as a GPU server does with CUDA graphs on.
+5. With SGLANG_CPU_SHIM_DEEPEP=1: an emulated SM90 for DeepEP's sizing and the local experts of
+   an unquantized low-latency dispatch (deepep.py), for --moe-a2a-backend deepep on the kit's
+   deep_ep / deep_gemm stand-ins.
 """
 
 from __future__ import annotations
@@ -56,14 +59,20 @@ def _no_pynccl() -> None:
     ps.init_model_parallel_group = init_model_parallel_group
 
 
+_done: dict[str, bool] = {}
+
+
 def register() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") != "1":
         return
     _route_torch_native_to_absorbed_mla()
     _mooncake_sender_without_cuda_events()
     _no_pynccl()
-    from sglang_cpu_shim import graphs
+    from sglang_cpu_shim import deepep, graphs
 
     if graphs.enabled():
         graphs.install()
+    if deepep.enabled() and not _done.get("deepep"):
+        _done["deepep"] = True
+        deepep.install()
     logger.info("sglang_cpu_shim applied")
