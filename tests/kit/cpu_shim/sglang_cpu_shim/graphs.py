@@ -18,7 +18,10 @@ a static buffer is therefore not seen by the replay, which shows as wrong tokens
 Where it differs from a CUDA graph: a replay re-runs the Python of the forward, so Python-level
 branches are re-decided per replay instead of frozen at capture (a non-tensor leaf of the new
 output that differs from the captured one is counted as `python_divergence`); there is no
-memory pool and no stream capture.
+memory pool and no stream capture. The switches that decide which overlap code a forward runs
+are frozen as a graph freezes them: SGLang's `moe.tbo_enabled` / `moe.sbo_enabled` and the
+sglang_overlap plugin's step mode are recorded at capture and set to those values while a replay
+re-runs, so a replay runs the overlap mode it was captured in, whatever the live switches say.
 
 Counters, per process: with SGLANG_CPU_SHIM_COUNTERS=<dir>, every capture and replay rewrites
 `<dir>/graphs-<pid>.json` (see `Counters.snapshot`); each process also logs one line
@@ -122,6 +125,46 @@ def _copy_into(captured: Any, new: Any, path: str = "out") -> int:
         return 1
 
 
+def _overlap_switches() -> tuple[Any, ...]:
+    """(moe.tbo_enabled, moe.sbo_enabled, the plugin's step mode) now; None where absent."""
+    try:
+        from sglang.srt.runtime_context import get_flags
+
+        moe = get_flags().moe
+        flags: tuple[Any, ...] = (moe.tbo_enabled, moe.sbo_enabled)
+    except Exception:  # noqa: BLE001 - no SGLang runtime context (unit tests)
+        flags = (None, None)
+    try:
+        from sglang_overlap.sglang import state
+    except ImportError:
+        return (*flags, None)
+    return (*flags, state.step_mode())
+
+
+@contextlib.contextmanager
+def _switches_set_to(frozen: tuple[Any, ...]) -> Iterator[None]:
+    """Set the overlap switches to `frozen` (from `_overlap_switches`) for the block."""
+    saved = _overlap_switches()
+
+    def put(values: tuple[Any, ...]) -> None:
+        tbo, sbo, mode = values
+        if tbo is not None:
+            from sglang.srt.runtime_context import get_flags
+
+            get_flags().moe.tbo_enabled, get_flags().moe.sbo_enabled = tbo, sbo
+        try:
+            from sglang_overlap.sglang import state
+        except ImportError:
+            return
+        state.set_step_mode(mode)
+
+    put(frozen)
+    try:
+        yield
+    finally:
+        put(saved)
+
+
 class StandInGraphBackend:
     """`BaseCudaGraphBackend` for the CPU: capture records, replay re-runs (module docstring).
 
@@ -139,6 +182,7 @@ class StandInGraphBackend:
         COUNTERS.rank = int(tp_rank or 0)
         self._forwards: dict[Any, Callable[[], Any]] = {}
         self._outputs: dict[Any, Any] = {}
+        self._switches: dict[Any, tuple[Any, ...]] = {}
 
     @contextlib.contextmanager
     def capture_session(self, stream: Any) -> Iterator[None]:
@@ -157,6 +201,7 @@ class StandInGraphBackend:
                 post_warmup_hook()
         self._outputs[shape_key] = forward_fn()
         self._forwards[shape_key] = forward_fn
+        self._switches[shape_key] = _overlap_switches()
         COUNTERS.captures[key_name(shape_key)] += 1
         COUNTERS.flush()
 
@@ -169,7 +214,9 @@ class StandInGraphBackend:
 
     def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
         captured = self._outputs[shape_key]
-        COUNTERS.python_divergence += _copy_into(captured, self._forwards[shape_key]())
+        with _switches_set_to(self._switches[shape_key]):
+            new = self._forwards[shape_key]()
+        COUNTERS.python_divergence += _copy_into(captured, new)
         COUNTERS.replays[key_name(shape_key)] += 1
         COUNTERS.flush()
         return captured
@@ -177,6 +224,7 @@ class StandInGraphBackend:
     def cleanup(self) -> None:
         self._forwards.clear()
         self._outputs.clear()
+        self._switches.clear()
 
 
 def _capture_decode_graph(orig: Callable[..., Any]) -> Callable[..., Any]:
