@@ -193,3 +193,21 @@ def test_cost_model_prior_caches_per_bucket_and_bounds_the_cache(profiles: tuple
     assert len(cache) == limit  # below the limit: kept
     p.predictions("decode", 11, 10.0)
     assert len(cache) == 1 and ("decode", 11, 10) in cache  # at the limit: cleared, then stored
+
+
+def test_cost_model_prior_prices_only_its_candidates_without_timelines(
+        profiles: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache miss runs the cost model once, for the candidates alone and without timelines."""
+    model, hw = profiles
+    calls: list[tuple[list[str], bool]] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append((list(args[3]), kwargs["timelines"]))  # type: ignore[index]
+        return predict(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prior_mod, "predict", spy)
+    p = CostModelPrior(model, hw, Deployment(phase="decode", ep_size=16), frozenset({"sbo"}))
+    p.predictions("decode", 32, 32.0)
+    p.predictions("prefill", 32, 32.0)
+    p.predictions("decode", 32, 32.0)
+    assert calls == [(["none", "sbo"], False), (["none"], False)]
