@@ -2,8 +2,10 @@
 to a captured size, the TBO plugin's replay preparation) in real `--tp 2` CPU servers, through
 the kit's stand-in graph backend: greedy tokens equal the eager server's (`--moe-a2a-backend
 torch_a2a`, no overlap), and the counters show the decode steps replayed captured graphs. The
-`deepep_graphs` server runs `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
-the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins).
+`deepep_*` servers run `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
+the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins): plain, with TBO (upstream's
+overlapped executor on two inner DeepEP dispatchers) and with SBO without the down-GEMM/combine
+overlap (the shared expert in the dispatch hook); the stand-in's call counters show what ran.
 """
 
 from __future__ import annotations
