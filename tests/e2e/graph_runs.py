@@ -30,6 +30,15 @@ CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "graphs_tbo": ([*A2A, "--enable-two-batch-overlap", *GRAPH_BS], GRAPH_ENV),
     "graphs_sbo": ([*A2A, "--enable-single-batch-overlap", *GRAPH_BS], GRAPH_ENV),
     "deepep_graphs": ([*DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV}),
+    # TBO on SGLang's DeepEP path: two inner DeepEP dispatchers with receive hooks, the
+    # decode operations of `operations_strategy._compute_moe_deepseek_blog_decode`
+    "deepep_graphs_tbo": ([*DEEPEP, "--enable-two-batch-overlap", *GRAPH_BS],
+                          {**GRAPH_ENV, **DEEPEP_ENV}),
+    # SBO on SGLang's DeepEP path without the down-GEMM/combine overlap: the shared expert runs
+    # in the dispatch hook (`SboFlags.enable_dispatch_shared_one_stream_overlap`, SM90)
+    "deepep_graphs_sbo_shared": ([*DEEPEP, "--enable-single-batch-overlap",
+                                  "--sbo-down-gemm-overlap", "off", *GRAPH_BS],
+                                 {**GRAPH_ENV, **DEEPEP_ENV}),
 }
 PORT = 30300
 

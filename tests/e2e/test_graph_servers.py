@@ -2,8 +2,10 @@
 to a captured size, the TBO plugin's replay preparation) in real `--tp 2` CPU servers, through
 the kit's stand-in graph backend: greedy tokens equal the eager server's (`--moe-a2a-backend
 torch_a2a`, no overlap), and the counters show the decode steps replayed captured graphs. The
-`deepep_graphs` server runs `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
-the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins).
+`deepep_*` servers run `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
+the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins): plain, with TBO (upstream's
+overlapped executor on two inner DeepEP dispatchers) and with SBO without the down-GEMM/combine
+overlap (the shared expert in the dispatch hook); the stand-in's call counters show what ran.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from overlap_runs import OverlapRuns
 
 pytestmark = pytest.mark.e2e
 
+GRAPH_SERVERS = ["graphs_tbo", "graphs_sbo", "deepep_graphs", "deepep_graphs_tbo",
+                 "deepep_graphs_sbo_shared"]
 
-@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo", "deepep_graphs"])
+
+@pytest.mark.parametrize("name", GRAPH_SERVERS)
 def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
                                                 overlap_runs: OverlapRuns, name: str) -> None:
     want, have = overlap_runs["a2a"].ids, graph_runs[name].ids
@@ -23,7 +28,7 @@ def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
         assert h == w, f"{name} prompt {i}: {h=} {w=}"
 
 
-@pytest.mark.parametrize("name", ["graphs_tbo", "graphs_sbo", "deepep_graphs"])
+@pytest.mark.parametrize("name", GRAPH_SERVERS)
 def test_decode_steps_replayed_on_both_ranks(graph_runs: GraphRuns, name: str) -> None:
     ranks = graph_runs[name].by_rank()
     assert set(ranks) == {0, 1}, ranks
@@ -34,8 +39,31 @@ def test_decode_steps_replayed_on_both_ranks(graph_runs: GraphRuns, name: str) -
     assert all(n == 1 for n in ranks[0]["captures"].values()), ranks[0]
 
 
-def test_tbo_captures_the_batch_sizes_it_can_split(graph_runs: GraphRuns) -> None:
+@pytest.mark.parametrize("name", ["graphs_tbo", "deepep_graphs_tbo"])
+def test_tbo_captures_the_batch_sizes_it_can_split(graph_runs: GraphRuns, name: str) -> None:
     # TBO needs two halves: upstream's capture list drops the sizes it cannot split
-    captured = set(graph_runs["graphs_tbo"].by_rank()[0]["captures"])
+    captured = set(graph_runs[name].by_rank()[0]["captures"])
     assert {"bs4", "bs8"} <= captured, captured
-    assert "sglang-overlap stats" in graph_runs["graphs_tbo"].log
+    assert "sglang-overlap stats" in graph_runs[name].log
+
+
+
+def test_tbo_on_the_deepep_path_runs_upstreams_overlapped_executor(graph_runs: GraphRuns) -> None:
+    # counted by the plugin's hook around `operations.execute_overlapped_operations`
+    assert "(first tbo_executor)" in graph_runs["deepep_graphs_tbo"].log
+    assert "(first tbo_executor)" not in graph_runs["deepep_graphs"].log
+
+
+@pytest.mark.parametrize("name", ["deepep_graphs", "deepep_graphs_tbo",
+                                  "deepep_graphs_sbo_shared"])
+def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, name: str) -> None:
+    ranks = graph_runs[name].by_rank()
+    calls = {rank: c["deep_ep"] for rank, c in ranks.items()}
+    assert calls[0] == calls[1], calls  # DeepEP's calls pair up across ranks
+    assert calls[0]["dispatch"] == calls[0]["combine"] > 0, calls
+    # SGLang's SBO (SM90) runs the shared expert in the dispatch hook, on every dispatch;
+    # without SBO no dispatch hook is registered
+    hooks = calls[0].get("dispatch_hooks", 0)
+    sbo = name == "deepep_graphs_sbo_shared"
+    assert hooks == (calls[0]["dispatch"] if sbo else 0), calls
+    assert not any(k.startswith("combine_overlap") for k in calls[0]), calls  # no signal GEMM

@@ -14,31 +14,54 @@ in GET /server_info, and each rank's logged decisions.
 from __future__ import annotations
 
 import json
+import os
 import re
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import probes
 import pytest
-from graph_runs import GRAPH_BS, GRAPH_ENV
+from graph_runs import DEEPEP, DEEPEP_ENV, GRAPH_BS, GRAPH_ENV
 from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, OverlapRuns, Probes, _probe
 from servers import Server
 
+from tests.conftest import REPO
+from tests.kit import Kit
+
 pytestmark = pytest.mark.e2e
 
-MODES = ("tbo", "sbo", "none")
-SELECTOR = ["--enable-two-batch-overlap", "--enable-single-batch-overlap", "--overlap-gating",
-            "auto", "--overlap-gating-explore", "0.5", "--overlap-gating-trials", "2",
-            "--overlap-gating-sync-steps", "2"]
-CONFIGS = {"a2a_auto_graphs": [*A2A, *SELECTOR, *GRAPH_BS]}
+AUTO = ["--overlap-gating", "auto", "--overlap-gating-explore", "0.5",
+        "--overlap-gating-trials", "2", "--overlap-gating-sync-steps", "2"]
+TBO, SBO = ["--enable-two-batch-overlap"], ["--enable-single-batch-overlap"]
+
+
+@dataclass(frozen=True)
+class Config:
+    flags: list[str]
+    modes: tuple[str, ...]
+    """The decode modes the selector chooses among, one graph set each."""
+    env: dict[str, str] = field(default_factory=dict)
+    deepep: bool = False
+    """On SGLang's DeepEP dispatcher with the kit's per-expert deep_ep / deep_gemm stand-ins."""
+
+
+CONFIGS = {
+    "a2a_auto_graphs": Config([*A2A, *TBO, *SBO, *AUTO, *GRAPH_BS], ("tbo", "sbo", "none")),
+    # prefill chunks of at most the low-latency dispatch's N tokens per rank (DEEPEP_ENV), as a
+    # GPU server serving prefill in low-latency mode must: the probes' longest prompt fits
+    "deepep_auto_graphs": Config([*DEEPEP, *TBO, *AUTO, *GRAPH_BS, "--chunked-prefill-size",
+                                  DEEPEP_ENV["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"]],
+                                 ("tbo", "none"), DEEPEP_ENV, deepep=True),
+}
 PORT = 30340
 DECISION = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -> \w+)")
 
 
 @dataclass(frozen=True)
 class SelectorRun:
+    modes: tuple[str, ...]
     ids: list[list[int]]
     log: str
     table: dict[str, Any]  # the selector's /server_info entry (internal_state.served_table)
@@ -60,14 +83,18 @@ def _server_table(url: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def run(request: Any, tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
+def run(request: Any, tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, str],
         tmp_path_factory: pytest.TempPathFactory) -> SelectorRun:
-    name = request.param
+    name, config = request.param, CONFIGS[request.param]
     work = tmp_path_factory.mktemp(name)
     counters = work / "counters"
     counters.mkdir()
-    env = {**sglang_cpu_env, **GRAPH_ENV, "SGLANG_CPU_SHIM_COUNTERS": str(counters)}
-    with Server(name, tiny_dsv3, PORT, CONFIGS[name], env, work) as server:
+    env = {**sglang_cpu_env, **GRAPH_ENV, **config.env, "SGLANG_CPU_SHIM_COUNTERS": str(counters)}
+    if config.deepep:
+        env["PYTHONPATH"] = cpu_kit.env(os.environ, pythonpath=[str(REPO)],
+                                        deepep_form="per_expert")["PYTHONPATH"]
+    port = PORT + list(CONFIGS).index(name)
+    with Server(name, tiny_dsv3, port, config.flags, env, work) as server:
         ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
         for _ in range(3):  # more decode steps at batch 6 and 1: each mode explored, measured
             server.generate(BATCH, NEW_TOKENS)
@@ -76,7 +103,8 @@ def run(request: Any, tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
         log = server.log_text()
         snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
         found, probe_log = _probe(server)
-    return SelectorRun(ids, log, table, {int(s["rank"]): s for s in snaps}, found, probe_log)
+    return SelectorRun(config.modes, ids, log, table, {int(s["rank"]): s for s in snaps}, found,
+                       probe_log)
 
 
 def test_greedy_tokens_equal_the_eager_server_without_overlap(
@@ -90,7 +118,7 @@ def test_every_shape_is_captured_once_per_mode_on_both_ranks(run: SelectorRun) -
     assert set(run.counters) == {0, 1}, run.counters
     captures = run.counters[0]["captures"]
     assert captures == run.counters[1]["captures"]
-    for mode in MODES:  # the batch sizes TBO can split, in every mode's set
+    for mode in run.modes:  # the batch sizes TBO can split, in every mode's set
         for bs in (4, 8):
             key = [k for k in captures if f"size={bs}," in k and f"'overlap:{mode}'" in k]
             assert len(key) == 1 and captures[key[0]] == 1, (mode, bs, sorted(captures))
@@ -99,10 +127,12 @@ def test_every_shape_is_captured_once_per_mode_on_both_ranks(run: SelectorRun) -
 def test_decode_steps_replay_their_modes_graph_and_none_runs_eager(run: SelectorRun) -> None:
     replays = {0: run.counters[0]["replays"], 1: run.counters[1]["replays"]}
     assert replays[0] == replays[1], replays  # every step ran on both ranks, same graph
-    by_mode = {m: sum(n for k, n in replays[0].items() if f"'overlap:{m}'" in k) for m in MODES}
+    by_mode = {m: sum(n for k, n in replays[0].items() if f"'overlap:{m}'" in k)
+               for m in run.modes}
+    assert sum(by_mode.values()) == sum(replays[0].values()), replays[0]  # no other graph
     steps = run.series("steps")
-    decode = {m: steps.get(("decode", m, "graph"), 0) for m in MODES}
-    assert all(by_mode[m] > 0 for m in MODES), (by_mode, replays[0])
+    decode = {m: steps.get(("decode", m, "graph"), 0) for m in run.modes}
+    assert all(by_mode[m] > 0 for m in run.modes), (by_mode, replays[0])
     assert decode == by_mode, (decode, by_mode)  # every counted replay is a step of that mode
     assert not any(k[0] == "decode" and k[2] == "eager" for k in steps), steps
     assert run.series("eager_fallbacks") == {}, run.series("eager_fallbacks")
@@ -110,7 +140,7 @@ def test_decode_steps_replay_their_modes_graph_and_none_runs_eager(run: Selector
 
 def test_the_selectors_table_holds_replay_times(run: SelectorRun) -> None:
     decode_rows = {r["mode"] for r in run.table["rows"] if r["phase"] == "decode"}
-    assert decode_rows >= {"tbo", "sbo", "none"}, run.table["rows"]
+    assert decode_rows >= set(run.modes), run.table["rows"]
     decisions = run.series("decisions")
     assert sum(n for (phase, _), n in decisions.items() if phase == "decode") >= 30, decisions
 

@@ -105,3 +105,21 @@ def test_a_replay_runs_the_overlap_mode_it_was_captured_in(counters: Path) -> No
         assert state.step_mode() == "none"
     finally:
         state.set_step_mode(None)
+
+
+def test_the_snapshot_carries_the_deep_ep_stand_ins_calls(counters: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, _SHIM)
+    try:
+        from sglang_cpu_shim import deep_ep_gloo, deepep
+    finally:
+        sys.path.remove(_SHIM)
+    monkeypatch.setattr(deep_ep_gloo, "COUNTERS", deep_ep_gloo.Counter({"dispatch": 3}))
+    called = []
+    hooks = SimpleNamespace(hook_dict={1: None, 2: None})  # SGLang's DeepEPPDispatchHooks
+    deepep.dispatch_hooks(lambda self, d: called.append(d), hooks, "dispatcher")
+    deepep.dispatch_hooks(lambda self, d: called.append(d), SimpleNamespace(hook_dict={}), "d2")
+    assert called == ["dispatcher", "d2"]
+    graphs.COUNTERS.flush()
+    (snap,) = graphs.read_counters(counters)
+    assert snap["deep_ep"] == {"dispatch": 3, "dispatch_hooks": 2}

@@ -15,6 +15,10 @@ SGLANG_CPU_SHIM_DEEPEP=1, with the kit's deep_ep / deep_gemm stand-ins on PYTHON
    dispatch (`--deepep-dispatcher-output-dtype auto` on an unquantized model) is dequantized
    first; the e2e servers dispatch unquantized (`--deepep-dispatcher-output-dtype bf16`, which
    the stand-in serves in the model's dtype).
+3. Evidence of what ran, for the e2e tests: every call of a DeepEP dispatcher's dispatch hooks
+   (`DeepEPPDispatchHooks.__call__`, where SGLang's SBO runs the shared expert between dispatch
+   send and receive) adds its number of registered hooks to the stand-in's call counters
+   (`deep_ep_gloo.COUNTERS["dispatch_hooks"]`, written with the graph counters).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ DEEPEP_ENV = "SGLANG_CPU_SHIM_DEEPEP"
 H100_SXM = SimpleNamespace(name="NVIDIA H100 80GB HBM3 (cpu_shim emulation)", major=9, minor=0,
                            multi_processor_count=132, total_memory=80 * (1 << 30))
 RUN_MOE_CORE = "sglang.srt.layers.moe.ep_moe.layer.DeepEPMoE.run_moe_core"
+DISPATCH_HOOKS = "sglang.srt.layers.moe.token_dispatcher.deepep.DeepEPPDispatchHooks.__call__"
 
 
 def enabled() -> bool:
@@ -61,9 +66,17 @@ def run_moe_core(orig: Any, self: Any, dispatch_output: Any) -> Any:
                                        topk_weights=dispatch_output.topk_weights)
 
 
+def dispatch_hooks(orig: Any, self: Any, dispatcher: Any) -> Any:
+    from sglang_cpu_shim.deep_ep_gloo import COUNTERS
+
+    COUNTERS["dispatch_hooks"] += len(self.hook_dict)
+    return orig(self, dispatcher)
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if not torch.cuda.is_available():
         torch.cuda.get_device_properties = lambda device=None: H100_SXM  # type: ignore
     HookRegistry.register(RUN_MOE_CORE, run_moe_core, HookType.AROUND)
+    HookRegistry.register(DISPATCH_HOOKS, dispatch_hooks, HookType.AROUND)

@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -63,9 +64,14 @@ class Counters:
 
     def snapshot(self) -> dict[str, Any]:
         """{"pid", "rank" (TP rank or null), "captures": {key: n}, "replays": {key: n},
-        "python_divergence": n}: what `<dir>/graphs-<pid>.json` holds."""
+        "python_divergence": n, "deep_ep": the deep_ep stand-in's calls by kind
+        (`deep_ep_gloo.COUNTERS`, {} where it is not loaded)}: what `<dir>/graphs-<pid>.json`
+        holds."""
+        gloo = sys.modules.get("sglang_cpu_shim.deep_ep_gloo")
+        deep_ep = dict(gloo.COUNTERS) if gloo is not None else {}
         return {"pid": os.getpid(), "rank": self.rank, "captures": dict(self.captures),
-                "replays": dict(self.replays), "python_divergence": self.python_divergence}
+                "replays": dict(self.replays), "python_divergence": self.python_divergence,
+                "deep_ep": deep_ep}
 
     def flush(self) -> None:
         folder = os.environ.get(COUNTERS_ENV)
