@@ -53,6 +53,7 @@ def test_cpu_strategy_is_upstreams_operations_without_an_sm_budget(
                         lambda device=None: SimpleNamespace(multi_processor_count=132))
     monkeypatch.setattr(strategy.DeepEPConfig, "get_instance",
                         staticmethod(lambda: SimpleNamespace(num_sms=24)))
+    monkeypatch.setattr(strategy, "_is_hip", False)  # module state other tests may have set
     upstream = strategy._compute_moe_deepseek_blog_prefill(layer)
     assert upstream.deep_gemm_num_sms == 108
     assert _shape(got.operations) == _shape(upstream.operations)
