@@ -53,7 +53,10 @@ def test_cpu_strategy_is_upstreams_operations_without_an_sm_budget(
                         lambda device=None: SimpleNamespace(multi_processor_count=132))
     monkeypatch.setattr(strategy.DeepEPConfig, "get_instance",
                         staticmethod(lambda: SimpleNamespace(num_sms=24)))
-    monkeypatch.setattr(strategy, "_is_hip", False)  # module state other tests may have set
+    monkeypatch.setattr(strategy, "_is_hip", False)
+    # with CUDA "available" a hooked upstream (an earlier test may have installed the plugin's
+    # hooks in this process) hands back to upstream's own function
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     upstream = strategy._compute_moe_deepseek_blog_prefill(layer)
     assert upstream.deep_gemm_num_sms == 108
     assert _shape(got.operations) == _shape(upstream.operations)
