@@ -258,6 +258,14 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
     return plan
 
 
+def host_ordered_plan(num_local_experts: int) -> SignalPlan:
+    """The producer for operands off CUDA (a device that runs each operation as the host issues
+    it, e.g. the CPU): DeepGEMM slices on one stream, each slice's signal stored after it."""
+    return SignalPlan("sliced", max(1, num_local_experts // 4), 1,
+                      why="no CUDA device: the Triton and patched DeepGEMM producers need one; "
+                      "DeepGEMM slices with their stores in host order")
+
+
 def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                      b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor,
                      expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
@@ -269,7 +277,8 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     b `[E, N, K]` fp8 + `[E, N/128, K/128]` fp32, out `[E, C, N]` bf16. The GEMM keeps to
     `compute_num_sms` (default: the layout's), leaving the rest to the combine send. `plan`
     (default: `choose_signal_path` for the shape) runs a given producer; `layout` must then count
-    its tiles (`plan_tiles`). Returns the plan it ran."""
+    its tiles (`plan_tiles`). Operands off CUDA always run `host_ordered_plan` (the sliced path
+    marks whole experts, so it serves every layout). Returns the plan it ran."""
     from sglang_overlap.kernels.deepgemm import num_sms_scope
     from sglang_overlap.kernels.signal_sliced import sliced_masked_gemm_signal
 
@@ -277,7 +286,9 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         raise ValueError("the SBO signal GEMM needs fp32 block scales (1x128 / 128x128); got "
                          f"{a_scale.dtype} / {b_scale.dtype} (UE8M0 scales are Blackwell-only)")
     sms = compute_num_sms or layout.compute_num_sms
-    if plan is None:
+    if a.device.type != "cuda":
+        plan = host_ordered_plan(layout.num_local_experts)
+    elif plan is None:
         plan = choose_signal_path(layout.num_local_experts, expected_m, a.shape[1])
     if plan.path == "deepgemm":
         from sglang_overlap.kernels import signal_deepgemm

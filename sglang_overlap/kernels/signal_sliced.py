@@ -92,9 +92,13 @@ def write_slice_signal(signal: torch.Tensor, layout: SboLayout, start: int, end:
     """Mark experts [start, end) final: store `layout.expect_value` into their counters (release).
 
     Issued on the GEMM's stream right after the slice's GEMM, so stream order makes the slice's
-    output visible before the store.
+    output visible before the store. A signal off CUDA lives on a device that runs each
+    operation as the host issues it (the CPU), where a plain store after the GEMM is that order.
     """
     lo, hi = slice_signal_range(layout, start, end)
+    if signal.device.type != "cuda":
+        signal.view(torch.int32)[lo:hi] = layout.expect_value
+        return
     block = 128
     grid = (-(-(hi - lo) // block),)
     _store_signal_kernel()[grid](signal.view(torch.int32), lo, hi, layout.expect_value,

@@ -59,7 +59,8 @@ def overlap_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
 def graph_runs(tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, str],
                tmp_path_factory: pytest.TempPathFactory) -> GraphRuns:
     """The servers of graph_runs.CONFIGS (decode through the stand-in graph backend; deepep
-    on the kit's per-expert deep_ep stand-in)."""
-    deepep = cpu_kit.env(os.environ, pythonpath=[str(REPO)], deepep_form="per_expert")
-    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"),
-                     deepep["PYTHONPATH"])
+    on the kit's deep_ep stand-ins of each combine form)."""
+    deepep = {form: cpu_kit.env(os.environ, pythonpath=[str(REPO)],
+                                deepep_form=form)["PYTHONPATH"]
+              for form in ("per_expert", "per_block")}
+    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"), deepep)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS
+from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, Probes, _probe
 from servers import Server
 
 GRAPH_BS = ["--cuda-graph-bs-decode", "1", "2", "4", "8"]
@@ -26,19 +26,54 @@ DEEPEP = ["--tp", "2", "--dtype", "float32", "--moe-a2a-backend", "deepep", "--d
 # LL dispatch takes at most N tokens per rank, prefill included: N = 512 holds LONG's prefill.
 DEEPEP_ENV = {"SGLANG_CPU_SHIM_DEEPEP": "1", "SGLANG_OVERLAP_ASSUME_ARCH": "sm90",
               "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": "512"}
-CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "graphs_tbo": ([*A2A, "--enable-two-batch-overlap", *GRAPH_BS], GRAPH_ENV),
-    "graphs_sbo": ([*A2A, "--enable-single-batch-overlap", *GRAPH_BS], GRAPH_ENV),
-    "deepep_graphs": ([*DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV}),
+# Prefill chunks of at most the low-latency dispatch's N tokens per rank, as a GPU server serving
+# prefill in low-latency mode must: the reliability probes' longest prompt then fits.
+DEEPEP_CHUNKS = ["--chunked-prefill-size",
+                 DEEPEP_ENV["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"]]
+# The experts as SGLang's DeepGEMM runner computes an fp8 checkpoint's (the kit's deepep.py):
+# the path SBO's signal down GEMM is on. Its servers compare with "deepep_graphs_fp8".
+FP8_ENV = {**DEEPEP_ENV, "SGLANG_CPU_SHIM_DEEPEP_FP8": "1"}
+SBO_SIGNAL = ["--enable-single-batch-overlap", "--sbo-down-gemm-overlap", "force"]
+FP8_DEEPEP = [*DEEPEP, *DEEPEP_CHUNKS]
+
+
+@dataclass(frozen=True)
+class GraphServer:
+    flags: list[str]
+    env: dict[str, str]
+    deepep_form: str | None = None
+    """The kit's deep_ep / deep_gemm stand-ins of this combine form on PYTHONPATH."""
+    baseline: str = "a2a"
+    """Whose greedy tokens it must give: overlap_runs' "a2a" or a CONFIGS name."""
+    probed: bool = False
+    """Answers test_reliability.py's probes after the prompts (a baseline for other servers)."""
+
+
+CONFIGS: dict[str, GraphServer] = {
+    "graphs_tbo": GraphServer([*A2A, "--enable-two-batch-overlap", *GRAPH_BS], GRAPH_ENV),
+    "graphs_sbo": GraphServer([*A2A, "--enable-single-batch-overlap", *GRAPH_BS], GRAPH_ENV),
+    "deepep_graphs": GraphServer([*DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV},
+                                 "per_expert"),
     # TBO on SGLang's DeepEP path: two inner DeepEP dispatchers with receive hooks, the
     # decode operations of `operations_strategy._compute_moe_deepseek_blog_decode`
-    "deepep_graphs_tbo": ([*DEEPEP, "--enable-two-batch-overlap", *GRAPH_BS],
-                          {**GRAPH_ENV, **DEEPEP_ENV}),
+    "deepep_graphs_tbo": GraphServer([*DEEPEP, "--enable-two-batch-overlap", *GRAPH_BS],
+                                     {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert"),
     # SBO on SGLang's DeepEP path without the down-GEMM/combine overlap: the shared expert runs
     # in the dispatch hook (`SboFlags.enable_dispatch_shared_one_stream_overlap`, SM90)
-    "deepep_graphs_sbo_shared": ([*DEEPEP, "--enable-single-batch-overlap",
-                                  "--sbo-down-gemm-overlap", "off", *GRAPH_BS],
-                                 {**GRAPH_ENV, **DEEPEP_ENV}),
+    "deepep_graphs_sbo_shared": GraphServer(
+        [*DEEPEP, "--enable-single-batch-overlap", "--sbo-down-gemm-overlap", "off", *GRAPH_BS],
+        {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert"),
+    # fp8 experts, no overlap: the tokens the SBO signal servers must give
+    "deepep_graphs_fp8": GraphServer([*FP8_DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **FP8_ENV},
+                                     "per_expert", probed=True),
+    # full SBO: the shared expert in the dispatch hook, the plugin's signal down GEMM beside the
+    # combine send on SGLang's combine stream, in the installed tree's form
+    "deepep_graphs_sbo_expert": GraphServer([*FP8_DEEPEP, *SBO_SIGNAL, *GRAPH_BS],
+                                            {**GRAPH_ENV, **FP8_ENV}, "per_expert",
+                                            "deepep_graphs_fp8"),
+    "deepep_graphs_sbo_block": GraphServer([*FP8_DEEPEP, *SBO_SIGNAL, *GRAPH_BS],
+                                           {**GRAPH_ENV, **FP8_ENV}, "per_block",
+                                           "deepep_graphs_fp8"),
 }
 PORT = 30300
 
@@ -50,6 +85,9 @@ class GraphRun:
     log: str
     counters: list[dict[str, Any]]
     """One snapshot per process that ran the stand-in backend (one per TP rank)."""
+    probes: Probes | None = None
+    probe_log: str = ""
+    """The server's log up to the probes' ending case (probed servers)."""
 
     def by_rank(self) -> dict[int, dict[str, Any]]:
         return {int(c["rank"]): c for c in self.counters}
@@ -59,11 +97,11 @@ class GraphRuns:
     """name -> GraphRun, each configuration's server started on first use."""
 
     def __init__(self, model: Path, env: dict[str, str], log_dir: Path,
-                 deepep_pythonpath: str = "") -> None:
-        """`deepep_pythonpath`: PYTHONPATH for the deepep servers (env's, with the kit's
-        deep_ep / deep_gemm stand-ins: `Kit.env(..., deepep_form=...)`)."""
+                 deepep_pythonpath: dict[str, str] | None = None) -> None:
+        """`deepep_pythonpath`: combine form -> PYTHONPATH for the deepep servers of that form
+        (env's, with the kit's deep_ep / deep_gemm stand-ins: `Kit.env(..., deepep_form=...)`)."""
         self.model, self.env, self.log_dir = model, env, log_dir
-        self.deepep_pythonpath = deepep_pythonpath
+        self.deepep_pythonpath = deepep_pythonpath or {}
         self._runs: dict[str, GraphRun] = {}
 
     def __getitem__(self, name: str) -> GraphRun:
@@ -72,16 +110,18 @@ class GraphRuns:
         return self._runs[name]
 
     def _run(self, name: str) -> GraphRun:
-        flags, env = CONFIGS[name]
-        if "SGLANG_CPU_SHIM_DEEPEP" in env:
-            env = {**env, "PYTHONPATH": self.deepep_pythonpath}
+        config = CONFIGS[name]
+        env = config.env
+        if config.deepep_form is not None:
+            env = {**env, "PYTHONPATH": self.deepep_pythonpath[config.deepep_form]}
         counters = self.log_dir / f"{name}-counters"
         counters.mkdir()
-        server = Server(name, self.model, PORT + list(CONFIGS).index(name), flags,
+        server = Server(name, self.model, PORT + list(CONFIGS).index(name), config.flags,
                         {**self.env, **env, "SGLANG_CPU_SHIM_COUNTERS": str(counters)},
                         self.log_dir)
         with server:
             ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
             log = server.log_text()
-        snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
-        return GraphRun(ids, log, snaps)
+            snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
+            found, probe_log = _probe(server) if config.probed else (None, "")
+        return GraphRun(ids, log, snaps, found, probe_log)

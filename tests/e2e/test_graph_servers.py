@@ -4,26 +4,33 @@ the kit's stand-in graph backend: greedy tokens equal the eager server's (`--moe
 torch_a2a`, no overlap), and the counters show the decode steps replayed captured graphs. The
 `deepep_*` servers run `--moe-a2a-backend deepep` through SGLang's own DeepEP dispatcher on
 the kit's deep_ep / deep_gemm stand-ins (tests/kit/standins): plain, with TBO (upstream's
-overlapped executor on two inner DeepEP dispatchers) and with SBO without the down-GEMM/combine
-overlap (the shared expert in the dispatch hook); the stand-in's call counters show what ran.
+overlapped executor on two inner DeepEP dispatchers), with SBO without the down-GEMM/combine
+overlap (the shared expert in the dispatch hook), and with full SBO on fp8 experts in both
+combine forms (per expert, per block): the shared expert in the dispatch hook, the plugin's
+signal down GEMM, the combine send on SGLang's combine stream checking every signal; those give
+the tokens of the fp8 server without overlap. The stand-ins' call counters show what ran.
 """
 
 from __future__ import annotations
 
 import pytest
-from graph_runs import GraphRuns
+from graph_runs import CONFIGS, GraphRuns
 from overlap_runs import OverlapRuns
 
 pytestmark = pytest.mark.e2e
 
-GRAPH_SERVERS = ["graphs_tbo", "graphs_sbo", "deepep_graphs", "deepep_graphs_tbo",
-                 "deepep_graphs_sbo_shared"]
+GRAPH_SERVERS = list(CONFIGS)
+DEEPEP_SERVERS = [name for name, c in CONFIGS.items() if c.deepep_form is not None]
+SBO_SIGNAL_SERVERS = {"deepep_graphs_sbo_expert": "per_expert",
+                      "deepep_graphs_sbo_block": "per_block"}
 
 
 @pytest.mark.parametrize("name", GRAPH_SERVERS)
 def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
                                                 overlap_runs: OverlapRuns, name: str) -> None:
-    want, have = overlap_runs["a2a"].ids, graph_runs[name].ids
+    baseline = CONFIGS[name].baseline
+    want = overlap_runs["a2a"].ids if baseline == "a2a" else graph_runs[baseline].ids
+    have = graph_runs[name].ids
     for i, (w, h) in enumerate(zip(want, have, strict=True)):
         assert h == w, f"{name} prompt {i}: {h=} {w=}"
 
@@ -54,16 +61,25 @@ def test_tbo_on_the_deepep_path_runs_upstreams_overlapped_executor(graph_runs: G
     assert "(first tbo_executor)" not in graph_runs["deepep_graphs"].log
 
 
-@pytest.mark.parametrize("name", ["deepep_graphs", "deepep_graphs_tbo",
-                                  "deepep_graphs_sbo_shared"])
+@pytest.mark.parametrize("name", DEEPEP_SERVERS)
 def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, name: str) -> None:
     ranks = graph_runs[name].by_rank()
     calls = {rank: c["deep_ep"] for rank, c in ranks.items()}
     assert calls[0] == calls[1], calls  # DeepEP's calls pair up across ranks
-    assert calls[0]["dispatch"] == calls[0]["combine"] > 0, calls
+    n = calls[0]["dispatch"]
+    assert n == calls[0]["combine"] > 0, calls
     # SGLang's SBO (SM90) runs the shared expert in the dispatch hook, on every dispatch;
     # without SBO no dispatch hook is registered
-    hooks = calls[0].get("dispatch_hooks", 0)
-    sbo = name == "deepep_graphs_sbo_shared"
-    assert hooks == (calls[0]["dispatch"] if sbo else 0), calls
-    assert not any(k.startswith("combine_overlap") for k in calls[0]), calls  # no signal GEMM
+    sbo = name == "deepep_graphs_sbo_shared" or name in SBO_SIGNAL_SERVERS
+    assert calls[0].get("dispatch_hooks", 0) == (n if sbo else 0), calls
+    fp8 = "SGLANG_CPU_SHIM_DEEPEP_FP8" in CONFIGS[name].env
+    assert calls[0].get("fp8_experts", 0) == (n if fp8 else 0), calls
+    # the signal combine (every signal checked raised) on every MoE call of a full-SBO server,
+    # in the installed tree's form, and nowhere else
+    overlapped = {k: v for k, v in calls[0].items() if k.startswith("combine_overlap")}
+    form = SBO_SIGNAL_SERVERS.get(name)
+    assert overlapped == ({f"combine_overlap_{form}": n} if form else {}), calls
+    # on SGLang's side stream: the shared expert without SBO, the combine send with full SBO
+    # (SBO without the down-GEMM overlap runs both on the main stream)
+    side = 0 if name == "deepep_graphs_sbo_shared" else n
+    assert calls[0].get("side_stream_enters", 0) == side, calls

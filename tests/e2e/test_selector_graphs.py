@@ -23,7 +23,17 @@ from typing import Any
 
 import probes
 import pytest
-from graph_runs import DEEPEP, DEEPEP_ENV, GRAPH_BS, GRAPH_ENV
+from graph_runs import (
+    DEEPEP,
+    DEEPEP_CHUNKS,
+    DEEPEP_ENV,
+    FP8_DEEPEP,
+    FP8_ENV,
+    GRAPH_BS,
+    GRAPH_ENV,
+    SBO_SIGNAL,
+    GraphRuns,
+)
 from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, OverlapRuns, Probes, _probe
 from servers import Server
 
@@ -45,16 +55,20 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     deepep: bool = False
     """On SGLang's DeepEP dispatcher with the kit's per-expert deep_ep / deep_gemm stand-ins."""
+    baseline: str = "a2a"
+    """Whose greedy tokens it must give: overlap_runs' "a2a" or a graph_runs server."""
 
 
 CONFIGS = {
     "a2a_auto_graphs": Config([*A2A, *TBO, *SBO, *AUTO, *GRAPH_BS], ("tbo", "sbo", "none")),
-    # prefill chunks of at most the low-latency dispatch's N tokens per rank (DEEPEP_ENV), as a
-    # GPU server serving prefill in low-latency mode must: the probes' longest prompt fits
-    "deepep_auto_graphs": Config([*DEEPEP, *TBO, *AUTO, *GRAPH_BS, "--chunked-prefill-size",
-                                  DEEPEP_ENV["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"]],
+    "deepep_auto_graphs": Config([*DEEPEP, *DEEPEP_CHUNKS, *TBO, *AUTO, *GRAPH_BS],
                                  ("tbo", "none"), DEEPEP_ENV, deepep=True),
+    # every mode on SGLang's DeepEP path, SBO with the signal down GEMM (fp8 experts)
+    "deepep_auto_sbo_graphs": Config([*FP8_DEEPEP, *TBO, *SBO_SIGNAL, *AUTO, *GRAPH_BS],
+                                     ("tbo", "sbo", "none"), FP8_ENV, deepep=True,
+                                     baseline="deepep_graphs_fp8"),
 }
+MOE_LAYERS = 2  # the tiny model's: 3 layers, the first dense
 PORT = 30340
 DECISION = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -> \w+)")
 
@@ -62,6 +76,7 @@ DECISION = re.compile(r"(TP\d) EP\d\] sglang-overlap gate: ((?:decode|prefill) -
 @dataclass(frozen=True)
 class SelectorRun:
     modes: tuple[str, ...]
+    name: str
     ids: list[list[int]]
     log: str
     table: dict[str, Any]  # the selector's /server_info entry (internal_state.served_table)
@@ -103,13 +118,14 @@ def run(request: Any, tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, s
         log = server.log_text()
         snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
         found, probe_log = _probe(server)
-    return SelectorRun(config.modes, ids, log, table, {int(s["rank"]): s for s in snaps}, found,
-                       probe_log)
+    return SelectorRun(config.modes, name, ids, log, table, {int(s["rank"]): s for s in snaps},
+                       found, probe_log)
 
 
 def test_greedy_tokens_equal_the_eager_server_without_overlap(
-        run: SelectorRun, overlap_runs: OverlapRuns) -> None:
-    want = overlap_runs["a2a"].ids
+        run: SelectorRun, overlap_runs: OverlapRuns, graph_runs: GraphRuns) -> None:
+    baseline = CONFIGS[run.name].baseline
+    want = overlap_runs["a2a"].ids if baseline == "a2a" else graph_runs[baseline].ids
     for i, (w, h) in enumerate(zip(want, run.ids, strict=True)):
         assert h == w, f"prompt {i}: {h=} {w=}"
 
@@ -153,12 +169,37 @@ def test_both_tp_ranks_log_the_identical_decision_sequence(run: SelectorRun) -> 
     assert seqs["TP0"] == seqs["TP1"]
 
 
+CAPTURE_RUNS = 3  # forwards per captured shape: the stand-in backend's 2 warm-ups + recording
+
+
+def test_sbo_runs_in_sbo_steps_only(run: SelectorRun) -> None:
+    """SBO's two overlaps (the shared expert in the dispatch hook; the signal down GEMM with the
+    signal-checking combine) ran in every MoE call of a step in SBO, captures included, and in
+    no call of a step in another mode."""
+    if "sbo" not in run.modes or not CONFIGS[run.name].deepep:
+        pytest.skip("SBO's calls are counted by the deep_ep stand-in")
+    calls = run.counters[0]["deep_ep"]
+    assert calls == run.counters[1]["deep_ep"], run.counters
+    sbo_steps = sum(n for (_, mode, _), n in run.series("steps").items() if mode == "sbo")
+    sbo_shapes = sum(n for k, n in run.counters[0]["captures"].items() if "'overlap:sbo'" in k)
+    want = MOE_LAYERS * (sbo_steps + CAPTURE_RUNS * sbo_shapes)
+    assert sbo_steps > 0 and sbo_shapes > 0, (run.series("steps"), run.counters[0]["captures"])
+    assert calls["dispatch_hooks"] == calls["combine_overlap_per_expert"] == want, (calls, want)
+    assert calls["dispatch"] > want, calls  # the other modes' MoE calls ran neither
+
+
 BASELINE = "plain_without_plugin"
 
 
-def test_reliability_probes_answer_as_without_the_plugin(run: SelectorRun,
-                                                         overlap_runs: OverlapRuns) -> None:
-    want = overlap_runs[BASELINE].probes
+def test_reliability_probes_answer_as_without_the_plugin(
+        run: SelectorRun, overlap_runs: OverlapRuns, graph_runs: GraphRuns) -> None:
+    """As the server without the plugin; on fp8 experts (other numerics) as the plugin's fp8
+    server without overlap."""
+    baseline = CONFIGS[run.name].baseline
+    if baseline == "a2a":
+        want, want_log = overlap_runs[BASELINE].probes, overlap_runs[BASELINE].log
+    else:
+        want, want_log = graph_runs[baseline].probes, graph_runs[baseline].probe_log
     assert want is not None
     for case, outcome in want.cases.items():
         assert run.probes.cases[case] == outcome, f"{case=}\n{run.probes.cases[case]=}"
@@ -170,5 +211,5 @@ def test_reliability_probes_answer_as_without_the_plugin(run: SelectorRun,
             assert g == w, f"stream {i}:\n{g=}\n{w=}"
     assert run.probes.after == want.after
     assert run.probes.ending.status == want.ending.status
-    extra = probes.tracebacks(run.probe_log) - probes.tracebacks(overlap_runs[BASELINE].log)
+    extra = probes.tracebacks(run.probe_log) - probes.tracebacks(want_log)
     assert not extra, sorted(extra)

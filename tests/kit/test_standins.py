@@ -43,7 +43,8 @@ def test_deep_ep_stand_in_declares_the_trees_signature(form: str, method: str) -
 
 
 @pytest.mark.parametrize("name", ["fp8_m_grouped_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked",
-                                  "m_grouped_bf16_gemm_nt_masked"])
+                                  "m_grouped_bf16_gemm_nt_masked",
+                                  "m_grouped_fp8_gemm_nt_contiguous"])
 def test_deep_gemm_stand_in_declares_the_wheels_signature(name: str) -> None:
     assert _params("deep_gemm", name, STANDINS / "deep_gemm") == _params(
         "deep_gemm", name, DEEP_GEMM_TREE)

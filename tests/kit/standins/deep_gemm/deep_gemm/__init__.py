@@ -17,6 +17,11 @@ m_grouped_fp8_fp4_gemm_nt_masked((a [G, M, K] float8_e4m3fn, sfa [G, M, K/128] f
     packed as UE8M0 int32 (Blackwell) are refused.
 m_grouped_bf16_gemm_nt_masked(a [G, M, K], b [G, N, K], d [G, M, N], masked_m, expected_m)
     the same without scales, in float32 (float64 for float64 inputs), cast to d's dtype.
+m_grouped_fp8_fp4_gemm_nt_contiguous((a [T, K] fp8, sfa [T, K/128]), (b [G, N, K] fp8,
+                                     sfb [G, N/128, K/128]), d [T, N], grouped_layout [T] int32)
+    d[t] = (a[t] * sfa[t]) @ (b[g] * sfb[g])^T with g = grouped_layout[t]; rows whose group is
+    -1 (padding) are left as they were. get_mk_alignment_for_contiguous_layout() = 128: each
+    group's rows start at a multiple of it (DeepGEMM's M block on SM90).
 """
 
 from typing import Any
@@ -56,6 +61,28 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None,
 m_grouped_fp4_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None, compiled_dims='nk', disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    (a, a_sf), (b, b_sf) = _parse_tensor_or_tuple(a), _parse_tensor_or_tuple(b)
+    if a_sf is None or b_sf is None:
+        raise ValueError("deep_gemm stand-in: fp8 operands need their scale factors")
+    if use_psum_layout:
+        raise NotImplementedError("deep_gemm stand-in: the psum layout (SM100)")
+    a_deq = _dequant(a[None], a_sf[None], 1)[0]
+    b_deq = _dequant(b, b_sf, _GROUP)
+    for g in grouped_layout.unique().tolist():
+        if g >= 0:
+            rows = (grouped_layout == g).nonzero().squeeze(1)
+            d[rows] = (a_deq[rows] @ b_deq[g].transpose(0, 1)).to(d.dtype)
+
+
+m_grouped_fp4_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    return 128
 
 
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims='nk'):
