@@ -34,7 +34,8 @@ DEEPEP_CHUNKS = ["--chunked-prefill-size",
 # the path SBO's signal down GEMM is on. Its servers compare with "deepep_graphs_fp8".
 FP8_ENV = {**DEEPEP_ENV, "SGLANG_CPU_SHIM_DEEPEP_FP8": "1"}
 SBO_SIGNAL = ["--enable-single-batch-overlap", "--sbo-down-gemm-overlap", "force"]
-FP8_DEEPEP = [*DEEPEP, *DEEPEP_CHUNKS]
+# ... dispatched in fp8 (DeepEP's 1 x 128 scales), as an fp8 checkpoint's server dispatches
+FP8_DEEPEP = [*DEEPEP[:-1], "fp8", *DEEPEP_CHUNKS]
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ class GraphServer:
     env: dict[str, str]
     deepep_form: str | None = None
     """The kit's deep_ep / deep_gemm stand-ins of this combine form on PYTHONPATH."""
-    baseline: str = "a2a"
-    """Whose greedy tokens it must give: overlap_runs' "a2a" or a CONFIGS name."""
+    baseline: str | None = "a2a"
+    """Whose greedy tokens it must give: overlap_runs' "a2a", a CONFIGS name, or None for a
+    baseline of other numerics (the fp8 experts)."""
     probed: bool = False
     """Answers test_reliability.py's probes after the prompts (a baseline for other servers)."""
 
@@ -65,7 +67,7 @@ CONFIGS: dict[str, GraphServer] = {
         {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert"),
     # fp8 experts, no overlap: the tokens the SBO signal servers must give
     "deepep_graphs_fp8": GraphServer([*FP8_DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **FP8_ENV},
-                                     "per_expert", probed=True),
+                                     "per_expert", baseline=None, probed=True),
     # full SBO: the shared expert in the dispatch hook, the plugin's signal down GEMM beside the
     # combine send on SGLang's combine stream, in the installed tree's form
     "deepep_graphs_sbo_expert": GraphServer([*FP8_DEEPEP, *SBO_SIGNAL, *GRAPH_BS],

@@ -25,7 +25,7 @@ SBO_SIGNAL_SERVERS = {"deepep_graphs_sbo_expert": "per_expert",
                       "deepep_graphs_sbo_block": "per_block"}
 
 
-@pytest.mark.parametrize("name", GRAPH_SERVERS)
+@pytest.mark.parametrize("name", [n for n in GRAPH_SERVERS if CONFIGS[n].baseline])
 def test_replayed_decode_gives_the_eager_tokens(graph_runs: GraphRuns,
                                                 overlap_runs: OverlapRuns, name: str) -> None:
     baseline = CONFIGS[name].baseline
@@ -80,6 +80,10 @@ def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, nam
     form = SBO_SIGNAL_SERVERS.get(name)
     assert overlapped == ({f"combine_overlap_{form}": n} if form else {}), calls
     # on SGLang's side stream: the shared expert without SBO, the combine send with full SBO
-    # (SBO without the down-GEMM overlap runs both on the main stream)
-    side = 0 if name == "deepep_graphs_sbo_shared" else n
-    assert calls[0].get("side_stream_enters", 0) == side, calls
+    # (SBO without the down-GEMM overlap runs both on the main stream; TBO's operations run the
+    # shared expert on the main stream, only steps SGLang does not split use the side stream)
+    side = calls[0].get("side_stream_enters", 0)
+    if name == "deepep_graphs_tbo":
+        assert 0 < side < n, calls
+    else:
+        assert side == (0 if name == "deepep_graphs_sbo_shared" else n), calls

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_overlap.kernels import down_gemm
 from sglang_overlap.kernels.down_gemm import (
@@ -18,6 +21,8 @@ from sglang_overlap.kernels.down_gemm import (
 from sglang_overlap.kernels.signal_deepgemm import DgSignalConfig, DgSignalError, max_stages
 from sglang_overlap.kernels.signal_fused import default_config
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
+
+STANDIN_DEEP_GEMM = Path(__file__).resolve().parents[1] / "kit" / "standins" / "deep_gemm"
 
 
 @pytest.fixture(autouse=True)
@@ -197,3 +202,46 @@ def test_served_tiles_are_legal_configs() -> None:
     for tiles in down_gemm.DG_SIGNAL_TILES.values():
         for block_m, block_n in tiles:
             DgSignalConfig(block_m, block_n, 4)  # raises on an illegal tile
+
+
+@pytest.fixture
+def standin_deep_gemm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test kit's CPU deep_gemm stand-in (sgl-deep-gemm 0.2.3.post2's API) as `deep_gemm`."""
+    import sys
+
+    from sglang_overlap.kernels import deepgemm
+
+    monkeypatch.syspath_prepend(str(STANDIN_DEEP_GEMM))
+    for name in [m for m in sys.modules if m.split(".")[0] == "deep_gemm"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(deepgemm, "_API", None)
+    yield
+    for name in [m for m in sys.modules if m.split(".")[0] == "deep_gemm"]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("granularity", ["expert", "block"])
+def test_off_cuda_the_sliced_producer_computes_and_raises_every_unit(
+        standin_deep_gemm: None, granularity: str) -> None:
+    from sglang_overlap.kernels.fp8 import quant_per_block, quant_per_token_group
+    from sglang_overlap.kernels.signals import new_signal
+
+    g = torch.Generator().manual_seed(3)
+    e, cap, k, n = 6, 128, 256, 256
+    a, a_scale = quant_per_token_group(torch.randn(e, cap, k, generator=g))
+    b, b_scale = quant_per_block(torch.randn(e, n, k, generator=g))
+    masked_m = torch.tensor([5, 0, 128, 64, 1, 70], dtype=torch.int32)
+    out = torch.full((e, cap, n), 9.0)
+    lay = plan_sbo_layout(num_local_experts=e, capacity=cap, block_m=64, block_n=128, hidden=n,
+                          num_sms=132, comm_num_sms=4, granularity=granularity)  # type: ignore
+    signal = new_signal(lay, "cpu")
+    plan = down_gemm.signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, 64, signal=signal,
+                                      layout=lay, plan=down_gemm.SignalPlan("fused"))
+    assert plan == down_gemm.host_ordered_plan(e)  # the Triton kernel needs CUDA: slices serve
+    assert (plan.path, plan.streams, plan.slice_experts) == ("sliced", 1, 1)
+    assert signal.to(torch.int64).eq(lay.expect_value).all()
+    a_deq = a.float() * a_scale.repeat_interleave(128, -1)
+    b_deq = b.float() * b_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    for x, rows in enumerate(masked_m.tolist()):
+        assert torch.equal(out[x, :rows], a_deq[x, :rows] @ b_deq[x].T), x
+        assert out[x, rows:].eq(9.0).all(), x  # rows past masked_m untouched

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sglang_overlap.kernels.signal_sliced import plan_expert_slices, slice_signal_range
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
@@ -51,3 +52,15 @@ def test_slice_signal_range_matches_layout_indices(granularity: str) -> None:
         want = sorted({lay.signal_index(x, b) for x in range(start, end)
                        for b in range(lay.blocks_per_expert)})
         assert list(range(lo, hi)) == want, f"{granularity=} {start=} {end=}"
+
+
+def test_a_cpu_signal_is_stored_in_host_order_for_the_slice_only() -> None:
+    from sglang_overlap.kernels.signal_sliced import write_slice_signal
+    from sglang_overlap.kernels.signals import new_signal
+
+    lay = _layout("block", e=6, cap=200, bm=64)
+    signal = new_signal(lay, "cpu")
+    write_slice_signal(signal, lay, 2, 4)
+    lo, hi = slice_signal_range(lay, 2, 4)
+    assert (signal[lo:hi] == lay.expect_value).all()
+    assert signal[:lo].eq(0).all() and signal[hi:].eq(0).all()
