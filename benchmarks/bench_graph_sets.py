@@ -77,7 +77,8 @@ def rel(a: Any, b: Any) -> float:
 
 
 def eager_check(stack: Any, x: Any, sizes: tuple[int, ...]) -> dict[str, float]:
-    """Every mode eagerly at every size (loads every kernel); error of tbo/sbo against none."""
+    """Every mode eagerly at every size (loads every kernel); error of tbo/sbo against none,
+    and of tbo against none run on each micro-batch alone ("tbo_halves": what TBO computes)."""
     import torch
 
     errs = {}
@@ -87,6 +88,10 @@ def eager_check(stack: Any, x: Any, sizes: tuple[int, ...]) -> dict[str, float]:
             if mode == "tbo" and bs < 2:
                 continue
             errs[f"{mode}@{bs}"] = rel(stack.forward(x[:bs], mode), ref)
+        if bs >= 2:
+            h = (bs + 1) // 2
+            halves = torch.cat([stack.forward(x[:h], "none"), stack.forward(x[h:bs], "none")])
+            errs[f"tbo_halves@{bs}"] = rel(stack.forward(x[:bs], "tbo"), halves)
     torch.cuda.synchronize()
     return errs
 

@@ -180,7 +180,7 @@ if [ "$MODE" = graphsets ]; then
   # (GRAPH_TREE, default deepep-hybrid); GRAPH_ARGS: extra bench_graph_sets.py options
   tree=${tree_list[0]:-}
   for t in "${tree_list[@]}"; do [ "$(basename "$t")" = "${GRAPH_TREE:-deepep-hybrid}" ] && tree=$t; done
-  python3 benchmarks/sbo_layer_bench.py warm --of "${WARM_PROCS:-9}" --shapes \
+  python3 benchmarks/sbo_layer_bench.py warm --of "${WARM_PROCS:-5}" --shapes \
     "$(python3 benchmarks/bench_graph_sets.py --print-warm-shapes ${GRAPH_ARGS:-})" || rc=1
   PYTHONPATH=$tree:$PYTHONPATH timeout "${GRAPH_TIMEOUT:-420}" python3 \
     benchmarks/bench_graph_sets.py --json "$OUT/graph_sets.json" ${GRAPH_ARGS:-} 2>&1 \

@@ -144,7 +144,7 @@ def test_report_tables() -> None:
     rows = capture_rows(caps)
     assert [r["wall_s"] for r in rows] == [2.0, 2.0]
     md = capture_md(rows)
-    assert "| tbo + none | 14 | 2.00 (1.00, 3.00) | 1.00x | 200.0 | 2.00x |" in md
+    assert "| tbo + none | 14 | 2.00 (1.00, 3.00) | 1.00x | 200.0 (200.0, 200.0) | 2.00x |" in md
     table = {(m, b): {"median": cost(m, b), "p10": 0.0, "p90": 0.0, "rel_vs_none": 0.0}
              for m, b in GRAPHS}
     assert "| 256 | 2024.0 [0.0-0.0] | 1416.8 [0.0-0.0] | 2428.8 [0.0-0.0] | tbo | 0.70x |" \
