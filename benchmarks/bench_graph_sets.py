@@ -90,7 +90,8 @@ def eager_check(stack: Any, x: Any, sizes: tuple[int, ...]) -> dict[str, float]:
             errs[f"{mode}@{bs}"] = rel(stack.forward(x[:bs], mode), ref)
         if bs >= 2:
             h = (bs + 1) // 2
-            halves = torch.cat([stack.forward(x[:h], "none"), stack.forward(x[h:bs], "none")])
+            halves = torch.cat([stack.forward(x[:h], "none"),
+                                stack.forward(x[h:bs], "none", first=h)])
             errs[f"tbo_halves@{bs}"] = rel(stack.forward(x[:bs], "tbo"), halves)
     torch.cuda.synchronize()
     return errs

@@ -49,16 +49,19 @@ class MoeStack:
         self.layers, self.routing = layers, routing
         self.comm = layers[0].comm_stream  # TBO's communication stream (SBO's too)
 
-    def forward(self, x: torch.Tensor, mode: str) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mode: str, first: int = 0) -> torch.Tensor:
+        """x: rows [first, first + B) of the batch (they take those rows' routing)."""
         b = x.shape[0]
         if mode == "tbo":
-            if b < 2:
-                raise ValueError(f"mode tbo needs at least 2 rows to split (got {b})")
+            if b < 2 or first:
+                raise ValueError(f"mode tbo splits a whole batch of at least 2 rows (got {b} "
+                                 f"rows from row {first})")
             return self._tbo(x)
         if mode not in ("none", "sbo"):
             raise ValueError(f"mode must be none, tbo or sbo (got {mode!r})")
         for layer, (idx, w) in zip(self.layers, self.routing, strict=True):
-            x = layer.forward(x, idx[:b], w[:b], mode="serial" if mode == "none" else "sbo")
+            x = layer.forward(x, idx[first:first + b], w[first:first + b],
+                              mode="serial" if mode == "none" else "sbo")
         return x
 
     def _tbo(self, x: torch.Tensor) -> torch.Tensor:
