@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
-#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|dgsignal|all] [extra gpu_suite.py options for gemm]
+#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
@@ -13,7 +13,10 @@
 #           down_gemm.signal_down_gemm (tests/gpu/test_signal_down_gemm.py), then the served
 #           producer against each BENCH_RELEASES release's own masked GEMM
 #           (benchmarks/bench_dg_releases.py)
-#     all   all four (not releases)
+#     graphsets  decode graph sets per overlap mode (none / TBO / SBO) on a stack of MoE layers:
+#           capture time and memory against one set, replay times, the mode selector over a
+#           decode trace on those replays (benchmarks/bench_graph_sets.py; GRAPH_ARGS, GRAPH_TREE)
+#     all   all four (not releases, not graphsets)
 # Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
 # layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
 #
@@ -171,6 +174,18 @@ if [ "$MODE" = sbo ] || [ "$MODE" = all ]; then
     fi
   done
   python3 benchmarks/sbo_layer_bench.py table "$OUT"/sbo_*.jsonl | tee "$OUT/sbo_tables.md"
+fi
+if [ "$MODE" = graphsets ]; then
+  # decode graph sets per overlap mode + the mode selector on their replays, one DeepEP tree
+  # (GRAPH_TREE, default deepep-hybrid); GRAPH_ARGS: extra bench_graph_sets.py options
+  tree=${tree_list[0]:-}
+  for t in "${tree_list[@]}"; do [ "$(basename "$t")" = "${GRAPH_TREE:-deepep-hybrid}" ] && tree=$t; done
+  python3 benchmarks/sbo_layer_bench.py warm --of "${WARM_PROCS:-5}" --shapes \
+    "$(python3 benchmarks/bench_graph_sets.py --print-warm-shapes ${GRAPH_ARGS:-})" || rc=1
+  PYTHONPATH=$tree:$PYTHONPATH timeout "${GRAPH_TIMEOUT:-420}" python3 \
+    benchmarks/bench_graph_sets.py --json "$OUT/graph_sets.json" ${GRAPH_ARGS:-} 2>&1 \
+    | tee "$OUT/graph_sets.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
   python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1
