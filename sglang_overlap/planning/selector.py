@@ -125,8 +125,10 @@ class ModeSelector:
         (`StepTable.take`); call it with the same triples at the same step on every rank."""
         self._estimates.merge_cells(cells)
 
-    def correction(self, phase: str, mode: str) -> float | None:
-        return self._estimates.correction(phase, mode)
+    def correction(self, phase: str, mode: str, bucket: int | None = None) -> float | None:
+        """`mode`'s measured / predicted ratio to none, carried to load `bucket` from the
+        nearest buckets that measured it (None: over all of them); None: never measured."""
+        return self._estimates.correction(phase, mode, bucket)
 
     def estimates(self, phase: str, busiest: int, mean: float,
                   candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:

@@ -2,11 +2,14 @@
 bucket has measured it, else the prior carried over from what other buckets measured.
 
     estimate(mode) = measured mean                   if this bucket measured it
-                   = prior(mode) x correction(mode) x calibration   otherwise
+                   = prior(mode) x correction(mode, bucket) x calibration   otherwise
 
-correction(phase, mode): geometric mean, over buckets that measured both, of
-measured(mode) / measured(none) over the prior's same ratio (absent: 1). calibration: this
-bucket's measured / corrected-prior ratio over the modes it measured (none measured: 1).
+correction(phase, mode, bucket): geometric mean, over the buckets nearest to `bucket` in load
+among those that measured both (both sides at an equal distance), of measured(mode) /
+measured(none) over the prior's same ratio (none measured: 1): what a mode's ratio to none was
+at the nearest loads measured, since it moves with the load (TBO loses at small batches and
+wins at large ones). calibration: this bucket's measured / corrected-prior ratio over the modes
+it measured (none measured: 1).
 
 Measurements enter only through `merge_cells`, with the same triples at the same step on every
 rank, so every rank holds the same table. A refreshing cell (`start_refresh`) collects
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_overlap.planning.step_table import MODES, StepTable, cell_index
+from sglang_overlap.planning.step_table import MODES, StepTable, bucket_of, cell_index
 
 OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
 _PREFILL_BASE = cell_index("prefill", 0, "none")  # bases below it are decode buckets
@@ -35,12 +38,27 @@ class Estimates:
         self.fresh: dict[int, tuple[int, int]] = {}  # refreshing cell -> (count, total us)
         self._prior_ratio: dict[int, dict[str, float]] = {}  # base -> prior(m) / prior(none)
         self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+        # phase -> mode -> bucket -> log(measured ratio / prior ratio)
+        self._logs: dict[str, dict[str, dict[int, float]]] = {"decode": {}, "prefill": {}}
+        self._near: dict[tuple[str, str, int], float] = {}  # correction() at a bucket, cached
 
-    def correction(self, phase: str, mode: str) -> float | None:
-        """measured / predicted of `mode` relative to none, from other buckets (None: unknown)."""
-        return self._correction[phase].get(mode)
+    def correction(self, phase: str, mode: str, bucket: int | None = None) -> float | None:
+        """measured / predicted of `mode` relative to none at the buckets nearest to `bucket`
+        that measured it (None: over every such bucket); None where none measured it."""
+        if bucket is None:
+            return self._correction[phase].get(mode)
+        key = (phase, mode, bucket)
+        if key not in self._near:
+            logs = self._logs[phase].get(mode)
+            if not logs:
+                return None
+            d = min(abs(b - bucket) for b in logs)
+            near = [v for b, v in logs.items() if abs(b - bucket) == d]
+            self._near[key] = math.exp(sum(near) / len(near))
+        return self._near[key]
 
     def corrections(self, phase: str) -> Mapping[str, float]:
+        """mode -> its correction over every bucket that measured it (the modes measured)."""
         return self._correction[phase]
 
     def note_prior(self, base: int, prior: Mapping[str, float]) -> None:
@@ -82,6 +100,8 @@ class Estimates:
     def _update_corrections(self) -> None:
         counts, totals = self.table.counts, self.table.totals
         logs: dict[tuple[str, str], list[float]] = {}
+        self._logs = {"decode": {}, "prefill": {}}
+        self._near = {}
         for base, ratios in self._prior_ratio.items():
             n_none = counts[base]
             if not n_none:
@@ -93,7 +113,9 @@ class Estimates:
                 n = counts[cell]
                 if n and none_us > 0 and prior_ratio > 0 and totals[cell] > 0:
                     measured_ratio = totals[cell] / n / none_us
-                    logs.setdefault((phase, m), []).append(math.log(measured_ratio / prior_ratio))
+                    log = math.log(measured_ratio / prior_ratio)
+                    logs.setdefault((phase, m), []).append(log)
+                    self._logs[phase].setdefault(m, {})[bucket_of(base)] = log
         for phase in ("decode", "prefill"):
             self._correction[phase] = {m: math.exp(sum(v) / len(v))
                                        for (p, m), v in logs.items() if p == phase}
@@ -111,9 +133,8 @@ class Estimates:
         measured = frozenset(out)
         if len(out) == len(candidates):
             return out, measured
-        correction = self._correction[phase]
-        corrected = {m: prior[m] * correction.get(m, 1.0) for m in candidates} if correction \
-            else prior
+        bucket = bucket_of(base)
+        corrected = {m: prior[m] * (self.correction(phase, m, bucket) or 1.0) for m in candidates}
         scale = 1.0
         if out:
             predicted = sum(corrected[m] for m in out)

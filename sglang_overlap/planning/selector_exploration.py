@@ -3,7 +3,9 @@
 Exploration: a candidate chosen fewer than `min_trials` times in a bucket runs instead, the
 most promising first, while explored steps stay at most `explore_share` of the phase's steps
 (each phase its own budget). Once other buckets measured a mode (its correction is known), it
-is explored only within `explore_margin` of the best estimate.
+is explored only within `explore_margin` of the best estimate, unless no bucket within
+`NEAR_BUCKETS` of this one (a factor of two in load) ran it: a ratio measured at one load says
+little about a load far from it (TBO loses at small batches and wins at large ones).
 
 Refresh: a mode not chosen in a bucket for `refresh_first` of the bucket's steps is run again
 (`min_trials` times, inside the share), each later gap twice the previous, at most
@@ -19,8 +21,10 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from sglang_overlap.planning.selector_estimates import OFFSET, Estimates
+from sglang_overlap.planning.step_table import bucket_of
 
 ORDER = {"none": 0, "tbo": 1, "sbo": 2}  # ties go to the simpler mode
+NEAR_BUCKETS = 4  # buckets per power of two of load (`step_table.measure_bucket`)
 
 
 class ExploreConfig(Protocol):
@@ -48,6 +52,7 @@ class Exploration:
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # bucket base -> steps in the bucket
         self._gap: dict[int, int] = {}  # cell -> bucket steps until its next refresh
+        self._ran: dict[tuple[str, str], set[int]] = {}  # (phase, mode) -> buckets it ran in
 
     def pick(self, phase: str, base: int, chosen: str, estimates: Mapping[str, float]
              ) -> tuple[str, str] | None:
@@ -72,7 +77,8 @@ class Exploration:
                 stale = m  # ran here before, not for a while: measure it again
             elif self._trials.get(cell, 0) < cfg.min_trials and (
                     cell in self._estimates.fresh or m not in correction
-                    or estimates[m] <= best * (1.0 + cfg.explore_margin)):
+                    or estimates[m] <= best * (1.0 + cfg.explore_margin)
+                    or not self.ran_near(phase, m, base)):
                 due.append(m)
         if due:
             return min(due, key=lambda m: (estimates[m], ORDER[m])), \
@@ -84,6 +90,11 @@ class Exploration:
         self._trials[cell] = 0  # the refresh runs min_trials times, like a first visit
         self._estimates.start_refresh(cell)
         return stale, f"refreshing: not run here for {now - self._last_trial[cell]} steps"
+
+    def ran_near(self, phase: str, mode: str, base: int) -> bool:
+        """Whether `mode` ran in a bucket of `phase` within `NEAR_BUCKETS` of bucket `base`."""
+        here = bucket_of(base)
+        return any(abs(b - here) <= NEAR_BUCKETS for b in self._ran.get((phase, mode), ()))
 
     def refresh_gap(self, cell: int) -> int:
         """The bucket steps `cell`'s mode may go unchosen before it is refreshed."""
@@ -97,5 +108,6 @@ class Exploration:
         cell = base + OFFSET[mode]
         self._trials[cell] = self._trials.get(cell, 0) + 1
         self._last_trial[cell] = now
+        self._ran.setdefault((phase, mode), set()).add(bucket_of(base))
         if not explored and self._gap:
             self._gap.pop(cell, None)  # chosen on its estimate: re-tries start short again

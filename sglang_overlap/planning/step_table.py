@@ -57,6 +57,11 @@ def cell_index(phase: str, bucket: int, mode: str) -> int:
     return (_PHASE_INDEX[phase] * NUM_BUCKETS + bucket) * len(MODES) + _MODE_INDEX[mode]
 
 
+def bucket_of(cell: int) -> int:
+    """The load bucket of a cell (`cell_index(phase, bucket, mode)`)."""
+    return cell // len(MODES) % NUM_BUCKETS
+
+
 @dataclass(frozen=True)
 class TableRow:
     phase: str

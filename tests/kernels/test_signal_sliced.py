@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from sglang_overlap.kernels.signal_sliced import plan_expert_slices, slice_signal_range
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout

@@ -293,16 +293,44 @@ def test_what_one_bucket_learns_carries_to_the_next() -> None:
     slow = {"none": 1000.0, "tbo": 2000.0}
     first = _modes(gate, slow, 40)
     assert first.count("tbo") == 1 and gate.correction("decode", "tbo") == pytest.approx(2.0)
-    d = gate.decide("decode", [100])  # a new bucket: tbo estimated from the correction
+    d = gate.decide("decode", [24])  # a new bucket: tbo estimated from the correction
     assert d.estimates == {"none": 1.0, "tbo": 2.0}, "flat prior x correction, unmeasured"
-    assert _modes(gate, slow, 40, tokens=100).count("tbo") == 0, \
-        "known 2x slower: not explored again"
+    assert d.mode == "none" and _modes(gate, slow, 40, tokens=24).count("tbo") == 0, \
+        "known 2x slower within a factor of two of this load: not explored again"
     close = ModeSelector(FlatPrior(frozenset({"tbo"})),
                         SelectorConfig(min_trials=3, explore_share=0.5))
     near = {"none": 1000.0, "tbo": 1050.0}  # within the 10% exploration margin
     _modes(close, near, 40)
     assert _modes(close, near, 40, tokens=100).count("tbo") == 3, \
         "competitive: explored min_trials times"
+
+
+def test_a_mode_losing_at_small_loads_is_found_where_it_wins() -> None:
+    """TBO 1.3x none below 128 tokens, 0.7x from 128; the load ramps up from idle and back: TBO
+    is measured again past a factor of two of the loads it lost at, found faster there, and
+    then chosen at every load where it wins, the corrections being the nearest loads'."""
+    gate = ModeSelector(FlatPrior(frozenset({"tbo"})),
+                        SelectorConfig(min_trials=3, explore_share=0.05))
+    ramp = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    up: dict[int, list[str]] = {}
+    down: dict[int, list[str]] = {}
+    for seen, loads in ((up, ramp), (down, ramp[::-1])):
+        for tokens in loads:
+            truth = {"none": 1000.0, "tbo": 1300.0 if tokens < 128 else 700.0}
+            seen[tokens] = _modes(gate, truth, 200, tokens=tokens)
+    assert up[256].count("tbo") >= 190, up[256]  # explored: no load near 256 had run TBO
+    for tokens, ratio in ((256, 0.7), (192, 0.7), (64, 1.3), (4, 1.3)):  # the nearest loads'
+        assert gate.correction("decode", "tbo", measure_bucket(tokens)) == pytest.approx(ratio,
+                                                                                     rel=0.01)
+    for tokens, modes in down.items():
+        wins = tokens >= 128
+        assert modes.count("tbo") >= 190 if wins else modes.count("tbo") <= 7, (tokens, modes)
+    assert all(up[t].count("tbo") <= 7 for t in ramp if t < 128), up  # trials, refreshes
+    near = ModeSelector(FlatPrior(frozenset({"tbo"})),
+                        SelectorConfig(min_trials=3, explore_share=0.05))
+    _modes(near, {"none": 1000.0, "tbo": 1300.0}, 200, tokens=64)
+    assert _modes(near, {"none": 1000.0, "tbo": 700.0}, 200, tokens=96).count("tbo") == 0, \
+        "within a factor of two, the nearest load's correction stands: not explored"
 
 
 def test_exploration_is_bounded_by_the_share_in_each_phase() -> None:
@@ -402,7 +430,7 @@ class ReferenceSelector:
         self.current: dict[str, str] = {}
         self.explored = {"decode": 0, "prefill": 0}
         self.prior_ratio: dict[tuple[str, int], dict[str, float]] = {}  # at first visit
-        self.corr: dict[tuple[str, str], float] = {}
+        self.logs: dict[tuple[str, str], dict[int, float]] = {}  # -> bucket -> log ratio
 
     def mean(self, phase: str, bucket: int, mode: str) -> float | None:
         v = self.sums.get((phase, bucket, mode))
@@ -411,14 +439,22 @@ class ReferenceSelector:
     def merge(self, items: list[tuple[str, int, str, float]]) -> None:
         for phase, bucket, mode, us in items:
             self.sums.setdefault((phase, bucket, mode), []).append(float(int(us + 0.5)))
-        logs: dict[tuple[str, str], list[float]] = {}
+        self.logs = {}
         for (phase, bucket), ratios in self.prior_ratio.items():
             none = self.mean(phase, bucket, "none")
             for m, r in ratios.items():
                 mine = self.mean(phase, bucket, m)
                 if none and mine:
-                    logs.setdefault((phase, m), []).append(math.log(mine / none / r))
-        self.corr = {k: math.exp(sum(v) / len(v)) for k, v in logs.items()}
+                    self.logs.setdefault((phase, m), {})[bucket] = math.log(mine / none / r)
+
+    def corr(self, phase: str, mode: str, bucket: int) -> float:
+        """The mean log ratio at the measured buckets nearest to `bucket`, as a factor."""
+        logs = self.logs.get((phase, mode), {})
+        if not logs:
+            return 1.0
+        nearest = min(abs(b - bucket) for b in logs)
+        near = [v for b, v in logs.items() if abs(b - bucket) == nearest]
+        return math.exp(sum(near) / len(near))
 
     def decide(self, phase: str, busiest: int, allowed: set[str]) -> str:
         bucket = measure_bucket(busiest)
@@ -427,7 +463,7 @@ class ReferenceSelector:
         self.prior_ratio.setdefault((phase, bucket), {
             m: t / prior["none"] for m, t in prior.items() if m != "none"})
         meas = {m: x for m in cands if (x := self.mean(phase, bucket, m)) is not None}
-        corrected = {m: prior[m] * self.corr.get((phase, m), 1.0) for m in cands}
+        corrected = {m: prior[m] * self.corr(phase, m, bucket) for m in cands}
         scale = sum(meas.values()) / sum(corrected[m] for m in meas) if meas else 1.0
         est = {m: meas.get(m, corrected[m] * scale) for m in cands}
         order = ["none", "tbo", "sbo"]
@@ -444,8 +480,11 @@ class ReferenceSelector:
         steps = sum(1 for h in self.history if h[0] == phase) + 1
         tried = {m: sum(1 for h in self.history if h == (phase, bucket, m)) for m in cands}
         low = min(est.values())
+        near = {m: any(abs(b - bucket) <= 4 for p, b, x in self.history if (p, x) == (phase, m))
+                for m in cands}
         due = [m for m in cands if m != chosen and tried[m] < self.cfg.min_trials
-               and ((phase, m) not in self.corr or est[m] <= low * (1 + self.cfg.explore_margin))]
+               and ((phase, m) not in self.logs or est[m] <= low * (1 + self.cfg.explore_margin)
+                    or not near[m])]
         if due and self.explored[phase] + 1 <= self.cfg.explore_share * steps:
             chosen = sorted(due, key=lambda m: (est[m], order.index(m)))[0]
             self.explored[phase] += 1
@@ -464,16 +503,18 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
                      explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9,
                      refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]))
     gate, ref = ModeSelector(prior, cfg), ReferenceSelector(prior, cfg)
-    speed = {m: rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo")}
+    loads = [3, 17, 18, 40, 70, 300]  # a mode's speed moves with the load, as TBO's does
+    speed = {(m, t): rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo") for t in loads}
     pending: list[tuple[str, int, str, float]] = []
     for step in range(400):
         phase = "prefill" if rng.random() < 0.2 else "decode"
-        busiest = rng.choice([3, 17, 18, 40, 300]) * (8 if phase == "prefill" else 1)
+        level = rng.choice(loads)
+        busiest = level * (8 if phase == "prefill" else 1)
         allowed = {m for m in ("tbo", "sbo") if rng.random() < 0.9}
         got = gate.decide(phase, [busiest, busiest // 2], frozenset(allowed))  # type: ignore[arg-type]
         want = ref.decide(phase, busiest, allowed)
         assert got.mode == want, f"{seed=} {step=} {phase=} {busiest=} {got=}"
-        us = 1000.0 * speed[got.mode] * (1 + rng.uniform(-0.05, 0.05))
+        us = 1000.0 * speed[got.mode, level] * (1 + rng.uniform(-0.05, 0.05))
         pending.append((phase, got.bucket, got.mode, us))
         if step % 7 == 6:  # a sync: both see the same new measurements at the same step
             gate.merge_cells(_cells([(cell_index(p, b, m), t) for p, b, m, t in pending]))
