@@ -152,6 +152,9 @@ def test_decode_steps_replay_their_modes_graph_and_none_runs_eager(run: Selector
     assert decode == by_mode, (decode, by_mode)  # every counted replay is a step of that mode
     assert not any(k[0] == "decode" and k[2] == "eager" for k in steps), steps
     assert run.series("eager_fallbacks") == {}, run.series("eager_fallbacks")
+    print(f"{run.name}: steps {sorted(steps.items())}; "  # shown by pytest -rP
+          f"decisions {sorted(run.series('decisions').items())}; "
+          f"explored {sorted(run.series('explored_steps').items())}")
 
 
 def test_the_selectors_table_holds_replay_times(run: SelectorRun) -> None:
