@@ -50,7 +50,9 @@ class LowLatencyDispatchOutput:
     masked_m: torch.Tensor
     """[E_local] int32, device: valid rows per local expert (DeepEP `packed_recv_count`)."""
     expected_m: int
-    """Host int: a hint for the GEMM's M tiling, (T * world_size * K + E) // E like SGLang."""
+    """Host int: a hint for the GEMM's M tiling, about the mean rows per local expert. SGLang
+    passes (T * world_size * K + E) // E; the torch all-to-all (`a2a.py`) passes
+    (rows received + E_local) // E_local, the same on balanced routing."""
     handle: Any
     """Backend-private state that `combine_send` needs (DeepEP's `handle`)."""
 
