@@ -48,7 +48,8 @@ class GraphServer:
     """Whose greedy tokens it must give: overlap_runs' "a2a", a CONFIGS name, or None for a
     baseline of other numerics (the fp8 experts)."""
     probed: bool = False
-    """Answers test_reliability.py's probes after the prompts (a baseline for other servers)."""
+    """Answers test_reliability.py's probes after the prompts, as its baseline does (the
+    server without the plugin, or the fp8 server's own probes)."""
 
 
 CONFIGS: dict[str, GraphServer] = {
@@ -58,8 +59,9 @@ CONFIGS: dict[str, GraphServer] = {
                                  "per_expert"),
     # TBO on SGLang's DeepEP path: two inner DeepEP dispatchers with receive hooks, the
     # decode operations of `operations_strategy._compute_moe_deepseek_blog_decode`
-    "deepep_graphs_tbo": GraphServer([*DEEPEP, "--enable-two-batch-overlap", *GRAPH_BS],
-                                     {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert"),
+    "deepep_graphs_tbo": GraphServer([*DEEPEP, *DEEPEP_CHUNKS, "--enable-two-batch-overlap",
+                                      *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert",
+                                     probed=True),
     # SBO on SGLang's DeepEP path without the down-GEMM/combine overlap: the shared expert runs
     # in the dispatch hook (`SboFlags.enable_dispatch_shared_one_stream_overlap`, SM90)
     "deepep_graphs_sbo_shared": GraphServer(
@@ -72,10 +74,10 @@ CONFIGS: dict[str, GraphServer] = {
     # combine send on SGLang's combine stream, in the installed tree's form
     "deepep_graphs_sbo_expert": GraphServer([*FP8_DEEPEP, *SBO_SIGNAL, *GRAPH_BS],
                                             {**GRAPH_ENV, **FP8_ENV}, "per_expert",
-                                            "deepep_graphs_fp8"),
+                                            "deepep_graphs_fp8", probed=True),
     "deepep_graphs_sbo_block": GraphServer([*FP8_DEEPEP, *SBO_SIGNAL, *GRAPH_BS],
                                            {**GRAPH_ENV, **FP8_ENV}, "per_block",
-                                           "deepep_graphs_fp8"),
+                                           "deepep_graphs_fp8", probed=True),
 }
 PORT = 30300
 

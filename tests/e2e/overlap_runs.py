@@ -56,6 +56,23 @@ class Probes:
     """probes.ENDING_CASE, sent last."""
 
 
+def assert_answers_as(got: Probes, got_log: str, want: Probes, want_log: str) -> None:
+    """`got` answered the probes as `want` did: every case, the streams the client kept (the
+    dropped ones: 200), the batch after them, the ending case's status; and its log has no
+    traceback `want_log` lacks."""
+    for case, outcome in want.cases.items():
+        assert got.cases[case] == outcome, f"{case=}\n{got.cases[case]=}\n{outcome=}"
+    for i, (w, g) in enumerate(zip(want.streams.values(), got.streams.values(), strict=True)):
+        if i % 2:  # dropped by the client after its first event
+            assert g.status == w.status == 200, f"stream {i}: {g=} {w=}"
+        else:
+            assert g == w, f"stream {i}:\n{g=}\n{w=}"
+    assert got.after == want.after
+    assert got.ending.status == want.ending.status
+    extra = probes.tracebacks(got_log) - probes.tracebacks(want_log)
+    assert not extra, sorted(extra)
+
+
 @dataclass(frozen=True)
 class Metrics:
     before: str

@@ -8,17 +8,19 @@ overlapped executor on two inner DeepEP dispatchers), with SBO without the down-
 overlap (the shared expert in the dispatch hook), and with full SBO on fp8 experts in both
 combine forms (per expert, per block): the shared expert in the dispatch hook, the plugin's
 signal down GEMM, the combine send on SGLang's combine stream checking every signal; those give
-the tokens of the fp8 server without overlap. The stand-ins' call counters show what ran.
+the tokens of the fp8 server without overlap. The stand-ins' call counters show what ran. The
+DeepEP TBO and SBO servers answer test_reliability.py's probes as their baselines do.
 """
 
 from __future__ import annotations
 
 import pytest
 from graph_runs import CONFIGS, GraphRuns
-from overlap_runs import OverlapRuns
+from overlap_runs import OverlapRuns, assert_answers_as
 
 pytestmark = pytest.mark.e2e
 
+BASELINE = "plain_without_plugin"
 GRAPH_SERVERS = list(CONFIGS)
 DEEPEP_SERVERS = [name for name, c in CONFIGS.items() if c.deepep_form is not None]
 SBO_SIGNAL_SERVERS = {"deepep_graphs_sbo_expert": "per_expert",
@@ -87,3 +89,18 @@ def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, nam
         assert 0 < side < n, calls
     else:
         assert side == (0 if name == "deepep_graphs_sbo_shared" else n), calls
+
+
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.probed and c.baseline])
+def test_reliability_probes_answer_as_the_baseline(graph_runs: GraphRuns,
+                                                   overlap_runs: OverlapRuns, name: str) -> None:
+    """test_reliability.py's probes on the DeepEP overlap servers: answered as the server without
+    the plugin does, or (fp8 experts: other numerics) as the fp8 server without overlap."""
+    got, baseline = graph_runs[name], CONFIGS[name].baseline
+    if baseline == "a2a":
+        want, want_log = overlap_runs[BASELINE].probes, overlap_runs[BASELINE].log
+    else:
+        assert baseline is not None
+        want, want_log = graph_runs[baseline].probes, graph_runs[baseline].probe_log
+    assert got.probes is not None and want is not None
+    assert_answers_as(got.probes, got.probe_log, want, want_log)
