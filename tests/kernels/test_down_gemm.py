@@ -239,6 +239,8 @@ def test_off_cuda_the_sliced_producer_computes_and_raises_every_unit(
                                       layout=lay, plan=down_gemm.SignalPlan("fused"))
     assert plan == down_gemm.host_ordered_plan(e)  # the Triton kernel needs CUDA: slices serve
     assert (plan.path, plan.streams, plan.slice_experts) == ("sliced", 1, 1)
+    assert [down_gemm.host_ordered_plan(x).slice_experts for x in (1, 3, 8, 9, 32)] == [
+        1, 1, 2, 2, 8]  # E/4 experts per slice, one stream
     assert signal.to(torch.int64).eq(lay.expect_value).all()
     a_deq = a.float() * a_scale.repeat_interleave(128, -1)
     b_deq = b.float() * b_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
