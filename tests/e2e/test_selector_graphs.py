@@ -28,6 +28,7 @@ from graph_runs import (
     DEEPEP_CHUNKS,
     DEEPEP_ENV,
     FP8_DEEPEP,
+    FP8_DEEPEP_AUTO,
     FP8_ENV,
     GRAPH_BS,
     GRAPH_ENV,
@@ -67,6 +68,11 @@ CONFIGS = {
     "deepep_auto_sbo_graphs": Config([*FP8_DEEPEP, *TBO, *SBO_SIGNAL, *AUTO, *GRAPH_BS],
                                      ("tbo", "sbo", "none"), FP8_ENV, deepep=True,
                                      baseline="deepep_graphs_fp8"),
+    # as configs/h200-single-deepseek-v3.toml: --deepep-mode auto (prefill through DeepEP's
+    # normal mode), TBO and SBO chosen per step
+    "deepep_mode_auto_graphs": Config([*FP8_DEEPEP_AUTO, *TBO, *SBO_SIGNAL, *AUTO, *GRAPH_BS],
+                                      ("tbo", "sbo", "none"), FP8_ENV, deepep=True,
+                                      baseline="deepep_graphs_fp8"),
 }
 MOE_LAYERS = 2  # the tiny model's: 3 layers, the first dense
 PORT = 30340
