@@ -30,12 +30,17 @@ DEEPEP_ENV = {"SGLANG_CPU_SHIM_DEEPEP": "1", "SGLANG_OVERLAP_ASSUME_ARCH": "sm90
 # prefill in low-latency mode must: the reliability probes' longest prompt then fits.
 DEEPEP_CHUNKS = ["--chunked-prefill-size",
                  DEEPEP_ENV["SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"]]
+# `--deepep-mode auto`, as configs/h200-single-deepseek-v3.toml: prefill in DeepEP's normal mode
+# (the kit's normal_experts.py; no per-rank token limit, so no prefill chunks), decode in
+# low-latency mode through the graphs
+DEEPEP_AUTO = [("auto" if f == "low_latency" else f) for f in DEEPEP]
 # The experts as SGLang's DeepGEMM runner computes an fp8 checkpoint's (the kit's deepep.py):
 # the path SBO's signal down GEMM is on. Its servers compare with "deepep_graphs_fp8".
 FP8_ENV = {**DEEPEP_ENV, "SGLANG_CPU_SHIM_DEEPEP_FP8": "1"}
 SBO_SIGNAL = ["--enable-single-batch-overlap", "--sbo-down-gemm-overlap", "force"]
 # ... dispatched in fp8 (DeepEP's 1 x 128 scales), as an fp8 checkpoint's server dispatches
 FP8_DEEPEP = [*DEEPEP[:-1], "fp8", *DEEPEP_CHUNKS]
+FP8_DEEPEP_AUTO = [*DEEPEP_AUTO[:-1], "fp8"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,13 @@ CONFIGS: dict[str, GraphServer] = {
     "deepep_graphs_sbo_shared": GraphServer(
         [*DEEPEP, "--enable-single-batch-overlap", "--sbo-down-gemm-overlap", "off", *GRAPH_BS],
         {**GRAPH_ENV, **DEEPEP_ENV}, "per_expert"),
+    "deepep_graphs_auto": GraphServer([*DEEPEP_AUTO, *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV},
+                                      "per_expert"),
+    # TBO on both: prefill's two micro-batches each through normal dispatch/combine (upstream's
+    # prefill operations), decode's through low-latency
+    "deepep_graphs_auto_tbo": GraphServer(
+        [*DEEPEP_AUTO, "--enable-two-batch-overlap", *GRAPH_BS], {**GRAPH_ENV, **DEEPEP_ENV},
+        "per_expert"),
     # fp8 experts, no overlap: the tokens the SBO signal servers must give
     "deepep_graphs_fp8": GraphServer([*FP8_DEEPEP, *GRAPH_BS], {**GRAPH_ENV, **FP8_ENV},
                                      "per_expert", baseline=None, probed=True),

@@ -8,7 +8,10 @@ overlapped executor on two inner DeepEP dispatchers), with SBO without the down-
 overlap (the shared expert in the dispatch hook), and with full SBO on fp8 experts in both
 combine forms (per expert, per block): the shared expert in the dispatch hook, the plugin's
 signal down GEMM, the combine send on SGLang's combine stream checking every signal; those give
-the tokens of the fp8 server without overlap. The stand-ins' call counters show what ran. The
+the tokens of the fp8 server without overlap. The `deepep_graphs_auto*` servers run
+`--deepep-mode auto` (alone and with TBO): every prefill through SGLang's normal-mode
+dispatcher (`_DeepEPDispatcherImplNormal`, the stand-in's normal layout/dispatch/combine),
+decode through low-latency in the graphs. The stand-ins' call counters show what ran. The
 DeepEP TBO and SBO servers answer test_reliability.py's probes as their baselines do.
 """
 
@@ -23,6 +26,10 @@ pytestmark = pytest.mark.e2e
 BASELINE = "plain_without_plugin"
 GRAPH_SERVERS = list(CONFIGS)
 DEEPEP_SERVERS = [name for name, c in CONFIGS.items() if c.deepep_form is not None]
+TBO_SERVERS = ("deepep_graphs_tbo", "deepep_graphs_auto_tbo")
+# --deepep-mode auto: prefill through DeepEP's normal mode, decode through low-latency
+AUTO_SERVERS = ("deepep_graphs_auto", "deepep_graphs_auto_tbo")
+MOE_LAYERS = 2  # tests/kit/make_tiny_dsv3.py: three layers, the first dense
 SBO_SIGNAL_SERVERS = {"deepep_graphs_sbo_expert": "per_expert",
                       "deepep_graphs_sbo_block": "per_block"}
 
@@ -48,7 +55,7 @@ def test_decode_steps_replayed_on_both_ranks(graph_runs: GraphRuns, name: str) -
     assert all(n == 1 for n in ranks[0]["captures"].values()), ranks[0]
 
 
-@pytest.mark.parametrize("name", ["graphs_tbo", "deepep_graphs_tbo"])
+@pytest.mark.parametrize("name", ["graphs_tbo", *TBO_SERVERS])
 def test_tbo_captures_the_batch_sizes_it_can_split(graph_runs: GraphRuns, name: str) -> None:
     # TBO needs two halves: upstream's capture list drops the sizes it cannot split
     captured = set(graph_runs[name].by_rank()[0]["captures"])
@@ -57,9 +64,14 @@ def test_tbo_captures_the_batch_sizes_it_can_split(graph_runs: GraphRuns, name: 
 
 
 
-def test_tbo_on_the_deepep_path_runs_upstreams_overlapped_executor(graph_runs: GraphRuns) -> None:
+@pytest.mark.parametrize("name", TBO_SERVERS)
+def test_tbo_on_the_deepep_path_runs_upstreams_overlapped_executor(graph_runs: GraphRuns,
+                                                                   name: str) -> None:
     # counted by the plugin's hook around `operations.execute_overlapped_operations`
-    assert "(first tbo_executor)" in graph_runs["deepep_graphs_tbo"].log
+    assert "(first tbo_executor)" in graph_runs[name].log
+
+
+def test_without_tbo_the_deepep_path_runs_no_overlapped_executor(graph_runs: GraphRuns) -> None:
     assert "(first tbo_executor)" not in graph_runs["deepep_graphs"].log
 
 
@@ -68,14 +80,18 @@ def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, nam
     ranks = graph_runs[name].by_rank()
     calls = {rank: c["deep_ep"] for rank, c in ranks.items()}
     assert calls[0] == calls[1], calls  # DeepEP's calls pair up across ranks
-    n = calls[0]["dispatch"]
+    n = calls[0]["dispatch"]  # low-latency
     assert n == calls[0]["combine"] > 0, calls
+    # normal dispatch/combine: prefill of the auto servers; the rest prefill in low-latency
+    normal = calls[0].get("normal_dispatch", 0)
+    assert normal == calls[0].get("normal_combine", 0), calls
+    assert (normal > 0) == (name in AUTO_SERVERS), calls
     # SGLang's SBO (SM90) runs the shared expert in the dispatch hook, on every dispatch;
     # without SBO no dispatch hook is registered
     sbo = name == "deepep_graphs_sbo_shared" or name in SBO_SIGNAL_SERVERS
     assert calls[0].get("dispatch_hooks", 0) == (n if sbo else 0), calls
     fp8 = "SGLANG_CPU_SHIM_DEEPEP_FP8" in CONFIGS[name].env
-    assert calls[0].get("fp8_experts", 0) == (n if fp8 else 0), calls
+    assert calls[0].get("fp8_experts", 0) == (n + normal if fp8 else 0), calls
     # the signal combine (every signal checked raised) on every MoE call of a full-SBO server,
     # in the installed tree's form, and nowhere else
     overlapped = {k: v for k, v in calls[0].items() if k.startswith("combine_overlap")}
@@ -87,8 +103,25 @@ def test_deepep_servers_dispatch_through_the_stand_in(graph_runs: GraphRuns, nam
     side = calls[0].get("side_stream_enters", 0)
     if name == "deepep_graphs_tbo":
         assert 0 < side < n, calls
+    elif name == "deepep_graphs_auto_tbo":  # every step splits (prefill: the two-chunk split)
+        assert side == 0, calls
     else:
-        assert side == (0 if name == "deepep_graphs_sbo_shared" else n), calls
+        assert side == (0 if name == "deepep_graphs_sbo_shared" else n + normal), calls
+
+
+@pytest.mark.parametrize("name", AUTO_SERVERS)
+def test_auto_servers_prefill_in_normal_mode(graph_runs: GraphRuns, name: str) -> None:
+    # `--deepep-mode auto` resolves to normal for every extend batch (each logged "Prefill
+    # batch" on TP0) and to low-latency for decode, which the graphs replay: one normal
+    # dispatch per MoE layer per prefill, per micro-batch with TBO (upstream's prefill
+    # operations on two micro-batches: two requests split, or one request's two chunks)
+    run = graph_runs[name]
+    calls = run.by_rank()[0]["deep_ep"]
+    prefills = run.log.count("] Prefill batch")
+    micro_batches = 2 if name in TBO_SERVERS else 1
+    assert prefills > 0 and calls["normal_dispatch"] == MOE_LAYERS * prefills * micro_batches, (
+        prefills, calls)
+    assert ("(first two_chunk)" in run.log) == (name in TBO_SERVERS)
 
 
 @pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.probed and c.baseline])

@@ -4,7 +4,9 @@ with TBO and SBO enabled: every decode step in the captured range replays a grap
 selector chose (one graph set per mode, `sglang/decode_cuda_graph_runner.py`), none runs eager,
 the selector's table holds the replays' times, both ranks decide alike, and greedy tokens equal
 the eager server's without overlap; and the reliability probes of test_reliability.py get the
-answers of the server without the plugin.
+answers of the server without the plugin. One server runs `--deepep-mode auto` as
+configs/h200-single-deepseek-v3.toml does (prefill through DeepEP's normal mode, on the kit's
+normal-mode stand-in).
 
 Evidence is read where the server keeps it: the stand-in backend's captures and replays per
 graph key and TP rank (SGLANG_CPU_SHIM_COUNTERS), the plugin's step counters and learned table
@@ -27,6 +29,7 @@ from graph_runs import (
     DEEPEP_CHUNKS,
     DEEPEP_ENV,
     FP8_DEEPEP,
+    FP8_DEEPEP_AUTO,
     FP8_ENV,
     GRAPH_BS,
     GRAPH_ENV,
@@ -75,6 +78,11 @@ CONFIGS = {
     "deepep_auto_sbo_graphs": Config([*FP8_DEEPEP, *TBO, *SBO_SIGNAL, *AUTO, *GRAPH_BS],
                                      ("tbo", "sbo", "none"), FP8_ENV, deepep=True,
                                      baseline="deepep_graphs_fp8"),
+    # as configs/h200-single-deepseek-v3.toml: --deepep-mode auto (prefill through DeepEP's
+    # normal mode), TBO and SBO chosen per step
+    "deepep_mode_auto_graphs": Config([*FP8_DEEPEP_AUTO, *TBO, *SBO_SIGNAL, *AUTO, *GRAPH_BS],
+                                      ("tbo", "sbo", "none"), FP8_ENV, deepep=True,
+                                      baseline="deepep_graphs_fp8"),
 }
 MOE_LAYERS = 2  # the tiny model's: 3 layers, the first dense
 PORT = 30340
@@ -197,6 +205,25 @@ def test_sbo_runs_in_sbo_steps_only(run: SelectorRun) -> None:
     assert sbo_steps > 0 and sbo_shapes > 0, (run.series("steps"), run.counters[0]["captures"])
     assert calls["dispatch_hooks"] == calls["combine_overlap_per_expert"] == want, (calls, want)
     assert calls["dispatch"] > want, calls  # the other modes' MoE calls ran neither
+
+
+def test_prefill_runs_deepep_normal_mode_where_deepep_mode_is_auto(run: SelectorRun) -> None:
+    """`--deepep-mode auto` (as configs/h200-single-deepseek-v3.toml): the prefills through
+    SGLang's normal-mode dispatcher (the stand-in's normal dispatch/combine, on both ranks,
+    every MoE layer), decode through low-latency; the fp8 experts ran on both. The servers in
+    low-latency mode make no normal call."""
+    flags = CONFIGS[run.name].flags
+    if not CONFIGS[run.name].deepep:
+        pytest.skip("DeepEP's calls are counted by the deep_ep stand-in")
+    calls = run.counters[0]["deep_ep"]
+    assert calls == run.counters[1]["deep_ep"], run.counters
+    auto = flags[flags.index("--deepep-mode") + 1] == "auto"
+    normal = calls.get("normal_dispatch", 0)
+    assert normal == calls.get("normal_combine", 0), calls
+    assert (normal > 0) == auto and normal % MOE_LAYERS == 0, calls
+    assert calls["dispatch"] > 0, calls  # decode: low-latency
+    if "SGLANG_CPU_SHIM_DEEPEP_FP8" in CONFIGS[run.name].env:
+        assert calls["fp8_experts"] == calls["dispatch"] + normal, calls
 
 
 BASELINE = "plain_without_plugin"

@@ -43,7 +43,9 @@ HERE = Path(__file__).resolve().parent
 KIT_SOURCES = ("build.py", "libcuda_stub.c", "libibverbs_stub.c", "libibverbs.map",
                "cpu_shim/pyproject.toml", "cpu_shim/sglang_cpu_shim/__init__.py",
                "cpu_shim/sglang_cpu_shim/graphs.py", "cpu_shim/sglang_cpu_shim/deep_ep_gloo.py",
-               "cpu_shim/sglang_cpu_shim/deepep.py", "cpu_shim/sglang_cpu_shim/streams.py",
+               "cpu_shim/sglang_cpu_shim/deep_ep_normal.py",
+               "cpu_shim/sglang_cpu_shim/deepep.py", "cpu_shim/sglang_cpu_shim/normal_experts.py",
+               "cpu_shim/sglang_cpu_shim/streams.py",
                "standins/deep_ep_per_expert/deep_ep/__init__.py",
                "standins/deep_ep_per_block/deep_ep/__init__.py",
                "standins/deep_gemm/deep_gemm/__init__.py")

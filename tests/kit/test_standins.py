@@ -1,8 +1,8 @@
 """The CPU kit's stand-ins (tests/kit/standins, cpu_shim/sglang_cpu_shim/deep_ep_gloo.py):
 they declare the real trees' signatures (tests/fixtures), the plugin's capability probe reads the
 same overlap form from them as from the real tree, and they compute DeepEP's and DeepGEMM's
-contracts: dispatch/combine on gloo over two processes, the overlap signals checked, the masked
-fp8 GEMM equal to the dequantized product."""
+contracts: low-latency and normal dispatch/combine on gloo over two processes, the overlap
+signals checked, the masked fp8 GEMM equal to the dequantized product."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def _params(module: str, qualname: str, folder: Path) -> FunctionParams:
 
 
 @pytest.mark.parametrize("form", sorted(TREES))
-@pytest.mark.parametrize("method", ["low_latency_dispatch", "low_latency_combine"])
+@pytest.mark.parametrize("method", ["low_latency_dispatch", "low_latency_combine",
+                                    "get_dispatch_config", "get_combine_config",
+                                    "get_dispatch_layout", "dispatch", "combine"])
 def test_deep_ep_stand_in_declares_the_trees_signature(form: str, method: str) -> None:
     standin = STANDINS / f"deep_ep_{form}"
     assert _params("deep_ep", f"Buffer.{method}", standin) == _params(
@@ -44,7 +46,8 @@ def test_deep_ep_stand_in_declares_the_trees_signature(form: str, method: str) -
 
 @pytest.mark.parametrize("name", ["fp8_m_grouped_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked",
                                   "m_grouped_bf16_gemm_nt_masked",
-                                  "m_grouped_fp8_gemm_nt_contiguous"])
+                                  "m_grouped_fp8_gemm_nt_contiguous",
+                                  "m_grouped_bf16_gemm_nt_contiguous"])
 def test_deep_gemm_stand_in_declares_the_wheels_signature(name: str) -> None:
     assert _params("deep_gemm", name, STANDINS / "deep_gemm") == _params(
         "deep_gemm", name, DEEP_GEMM_TREE)
@@ -147,6 +150,70 @@ def _signals(form: str, count: torch.Tensor, full: bool) -> dict[str, object]:
 @pytest.mark.parametrize("form", sorted(TREES))
 def test_low_latency_dispatch_and_combine_on_gloo(form: str, unused_tcp_port: int) -> None:
     mp.spawn(_worker, args=(unused_tcp_port, form), nprocs=2, join=True)
+
+
+def _normal_inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, ids, w = _inputs(rank)
+    if rank == 1:
+        ids[-1] = -1  # a token routed nowhere
+    return x, ids, w
+
+
+def _normal_worker(rank: int, port: int, form: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    _import_standins(form)
+    import deep_ep
+    from sglang_cpu_shim.deep_ep_gloo import COUNTERS, quantize_fp8
+
+    buf = deep_ep.Buffer(dist.group.WORLD, 1 << 20, 0)
+    x, ids, w = _normal_inputs(rank)
+    e_local, align = E // 2, 4
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(ids, E)
+    owner = torch.where(ids >= 0, ids // e_local, -1)
+    assert torch.equal(in_rank, torch.stack([(owner == r).any(-1) for r in (0, 1)], 1))
+    assert per_rdma is None and per_rank.tolist() == in_rank.sum(0).tolist()
+    assert per_expert.tolist() == [int((ids == g).sum()) for g in range(E)]
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                  num_tokens_per_expert=per_expert, topk_idx=ids, topk_weights=w)
+    recv_x, recv_ids, recv_w, counts, handle, _ = buf.dispatch(
+        x, expert_alignment=align, config=deep_ep.Buffer.get_dispatch_config(2), **layout)
+    # every token with an expert here, in source-rank then token order; local ids, -1 / 0 else
+    want = [(xs[t], ids_s[t], w_s[t]) for xs, ids_s, w_s in map(_normal_inputs, (0, 1))
+            for t in range(ids_s.shape[0])
+            if ((ids_s[t] >= 0) & (ids_s[t] // e_local == rank)).any()]
+    assert recv_x.shape[0] == len(want) == recv_ids.shape[0] == recv_w.shape[0]
+    for r, (xt, it, wt) in enumerate(want):
+        local = (it >= 0) & (it // e_local == rank)
+        assert torch.equal(recv_x[r], xt)
+        assert recv_ids[r].tolist() == torch.where(local, it - rank * e_local, -1).tolist()
+        assert torch.equal(recv_w[r], torch.where(local, wt, 0.0))
+    assert counts == [-(-int((recv_ids == e).any(-1).sum()) // align) * align
+                      for e in range(e_local)]
+    # combine sums each received row's output back to its token, over the ranks it went to
+    out = recv_x * (rank + 1)
+    combined, weights, _ = buf.combine(out, handle, topk_weights=recv_w,
+                                       config=deep_ep.Buffer.get_combine_config(2))
+    ref = sum(in_rank[:, r, None] * (r + 1) * x for r in (0, 1))
+    torch.testing.assert_close(combined, ref, rtol=0, atol=0)
+    assert torch.equal(weights, torch.where(ids >= 0, w, 0.0))
+    if rank == 1:
+        assert not combined[-1].any()
+    q, sf = quantize_fp8(x)  # an fp8 dispatch moves the pair as it is
+    (recv_q, recv_sf), *_ = buf.dispatch((q, sf), **layout)
+    want_q, want_sf = quantize_fp8(recv_x)  # per-row quantization: the senders' rows
+    assert recv_q.dtype == torch.float8_e4m3fn
+    assert torch.equal(recv_q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(recv_sf, want_sf)
+    assert (COUNTERS["normal_dispatch"], COUNTERS["normal_combine"]) == (2, 1)
+    with pytest.raises(ValueError):  # a layout not of these topk_idx
+        buf.dispatch(x, **{**layout, "is_token_in_rank": ~in_rank})
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("form", sorted(TREES))
+def test_normal_dispatch_and_combine_on_gloo(form: str, unused_tcp_port: int) -> None:
+    mp.spawn(_normal_worker, args=(unused_tcp_port, form), nprocs=2, join=True)
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ SGLANG_USE_CPU_ENGINE=1. With SGLANG_PLUGINS set, name `cpu_shim` in it.
 4. With SGLANG_CPU_SHIM_GRAPHS=1: decode runs SGLang's own DecodeCudaGraphRunner with a
    stand-in CUDA-graph backend (graphs.py), as a GPU server does with CUDA graphs on.
 5. With SGLANG_CPU_SHIM_DEEPEP=1: an emulated SM90 for DeepEP's sizing and the local experts of
-   an unquantized low-latency dispatch (deepep.py), for --moe-a2a-backend deepep on the kit's
-   deep_ep / deep_gemm stand-ins.
+   an unquantized low-latency dispatch (deepep.py) or normal dispatch (normal_experts.py, with
+   the normal combine_a SGLang runs only with JIT DeepGEMM), for --moe-a2a-backend deepep on the
+   kit's deep_ep / deep_gemm stand-ins.
 """
 
 from __future__ import annotations

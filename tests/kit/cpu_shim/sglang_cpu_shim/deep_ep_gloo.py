@@ -1,6 +1,6 @@
 """DeepEP's low-latency dispatch and combine on torch.distributed (gloo on the CPU): the body
 behind the kit's stand-in `deep_ep` packages (tests/kit/standins), whose `Buffer` methods carry
-the installed trees' exact signatures and delegate here.
+the installed trees' exact signatures and delegate here (normal mode: deep_ep_normal.py).
 
 Legend (DeepEP's names): T tokens of this rank, K top-k, H hidden, E global experts, W ranks,
 E_local = E / W, N num_max_dispatch_tokens_per_rank, C = N * W rows per local expert.
@@ -42,7 +42,8 @@ import torch.distributed as dist
 FP8_GROUP = 128
 FP8_MAX = 448.0
 COUNTERS: Counter[str] = Counter()
-"""Calls by kind ("dispatch", "combine", "combine_overlap_per_expert", ...), for the tests."""
+"""Calls by kind ("dispatch", "combine" (low-latency), "normal_dispatch", "normal_combine",
+"combine_overlap_per_expert", ...), for the tests."""
 
 
 class SignalNotRaised(RuntimeError):
@@ -194,19 +195,23 @@ class Config:
 
 
 class BufferBase:
-    """Everything of deep_ep.Buffer but the two low-latency calls, which each stand-in tree
-    declares with its own signature. Normal mode is not emulated: calls raise."""
+    """Everything of deep_ep.Buffer but the calls whose signatures each stand-in tree declares
+    itself (the two low-latency calls, the normal-mode configs, layout, dispatch and combine);
+    those delegate to `_ll` (this module) and `_normal_*` (deep_ep_normal.py)."""
 
     num_sms: int = 20
 
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                  low_latency_mode: bool = False, **_: Any) -> None:
+        from sglang_cpu_shim.deep_ep_normal import GlooNormal
+
         if group is None:
             raise ValueError("deep_ep stand-in: needs a torch.distributed group")
         self.group = group
         self.low_latency_mode = low_latency_mode
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self._ll = GlooLowLatency(group)
+        self._normal = GlooNormal(group)
         self.rank, self.group_size = self._ll.rank, self._ll.group_size
 
     @staticmethod
@@ -224,20 +229,29 @@ class BufferBase:
         n = num_max_dispatch_tokens_per_rank
         return 2 * (num_experts // num_ranks) * n * num_ranks * hidden * 2
 
-    @staticmethod
-    def get_dispatch_config(num_ranks: int) -> Config:
-        return Config()
-
-    @staticmethod
-    def get_combine_config(num_ranks: int) -> Config:
-        return Config()
-
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:
         return None
 
-    def get_dispatch_layout(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("deep_ep stand-in: normal mode is not emulated "
-                                  "(serve with --deepep-mode low_latency)")
+    def _normal_layout(self, topk_idx: torch.Tensor, num_experts: int) -> tuple:
+        from sglang_cpu_shim.deep_ep_normal import layout
 
-    dispatch = combine = get_dispatch_layout
+        return (*layout(topk_idx, num_experts, self.group_size), EventOverlap())
+
+    def _normal_dispatch(self, x: Any, handle: Any, is_token_in_rank: Any,
+                         num_tokens_per_expert: Any, topk_idx: Any, topk_weights: Any,
+                         expert_alignment: int, num_worst_tokens: int) -> tuple:
+        if handle is not None or num_worst_tokens:
+            raise NotImplementedError("deep_ep stand-in: cached dispatch (handle) and "
+                                      "num_worst_tokens are not emulated")
+        if any(a is None for a in (topk_idx, topk_weights, is_token_in_rank,
+                                    num_tokens_per_expert)):
+            raise ValueError("deep_ep stand-in: dispatch needs topk_idx, topk_weights and the "
+                             "layout (get_dispatch_layout)")
+        num_experts = num_tokens_per_expert.numel()  # [E], as DeepEP reads it
+        return (*self._normal.dispatch(x, topk_idx, topk_weights, is_token_in_rank,
+                                       num_experts, expert_alignment), EventOverlap())
+
+    def _normal_combine(self, x: torch.Tensor, handle: tuple, topk_weights: Any,
+                        bias: Any) -> tuple:
+        return (*self._normal.combine(x, handle, topk_weights, bias), EventOverlap())

@@ -27,13 +27,15 @@ SGLANG_CPU_SHIM_DEEPEP=1, with the kit's deep_ep / deep_gemm stand-ins on PYTHON
    outputs are written in the model's dtype (the stand-in's GEMMs cast to their output's dtype;
    DeepGEMM writes bf16), so the fp8 servers differ from the unquantized ones only by the fp8
    rounding of the expert GEMMs' operands.
+   A normal-mode dispatch (`--deepep-mode normal`, or `auto`'s prefill) goes to
+   normal_experts.py, which also lets SGLang's normal combine_a run without JIT DeepGEMM.
 3. CUDA streams and events on the CPU for SGLang's stream code (streams.py): the MoE layer's
    side stream, SBO's combine stream and events.
 4. Evidence of what ran, for the e2e tests: every call of a DeepEP dispatcher's dispatch hooks
    (`DeepEPPDispatchHooks.__call__`, where SGLang's SBO runs the shared expert between dispatch
    send and receive) adds its number of registered hooks to the stand-in's call counters
    (`deep_ep_gloo.COUNTERS["dispatch_hooks"]`, written with the graph counters); every fp8
-   experts call adds one to `COUNTERS["fp8_experts"]`.
+   experts call (low-latency or normal) adds one to `COUNTERS["fp8_experts"]`.
 """
 
 from __future__ import annotations
@@ -125,8 +127,13 @@ def run_fp8_experts(layer: Any, hidden: torch.Tensor, scale: torch.Tensor | None
 def run_moe_core(orig: Any, self: Any, dispatch_output: Any) -> Any:
     from sglang.srt.layers.moe.token_dispatcher import DispatchOutputChecker, deepep
 
-    if (self.deprecate_flag or self.quant_config is not None
-            or not DispatchOutputChecker.format_is_deepep_ll(dispatch_output)):
+    if self.deprecate_flag or self.quant_config is not None:
+        return orig(self, dispatch_output)
+    if DispatchOutputChecker.format_is_deepep_normal(dispatch_output):
+        from sglang_cpu_shim import normal_experts
+
+        return normal_experts.run(self, dispatch_output, fp8_experts())
+    if not DispatchOutputChecker.format_is_deepep_ll(dispatch_output):
         return orig(self, dispatch_output)
     if fp8_experts():
         out = run_fp8_experts(self, dispatch_output.hidden_states,
@@ -163,10 +170,11 @@ def dispatch_hooks(orig: Any, self: Any, dispatcher: Any) -> Any:
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_cpu_shim import streams
+    from sglang_cpu_shim import normal_experts, streams
 
     streams.install()
     if not torch.cuda.is_available():
         torch.cuda.get_device_properties = lambda device=None: H100_SXM  # type: ignore
     HookRegistry.register(RUN_MOE_CORE, run_moe_core, HookType.AROUND)
     HookRegistry.register(DISPATCH_HOOKS, dispatch_hooks, HookType.AROUND)
+    HookRegistry.register(normal_experts.COMBINE_A, normal_experts.combine_a, HookType.AROUND)

@@ -1,5 +1,5 @@
 """Test-only stand-in for sgl-deep-gemm 0.2.3.post2 on the CPU: the grouped masked GEMMs that
-SGLang's `deep_gemm_wrapper` and the MoE runners call, with the wheel's signatures verbatim
+SGLang's `deep_gemm_wrapper` and the MoE runners call (masked and contiguous), with the wheel's signatures verbatim
 (tests/fixtures/deep_gemm_trees/sgl-deep-gemm-0.2.3.post2). Like the wheel, they accept no
 `enable_overlap` / `signal` arguments (a call passing them fails with TypeError, as it would on
 a GPU with this release).
@@ -17,6 +17,9 @@ m_grouped_fp8_fp4_gemm_nt_masked((a [G, M, K] float8_e4m3fn, sfa [G, M, K/128] f
     packed as UE8M0 int32 (Blackwell) are refused.
 m_grouped_bf16_gemm_nt_masked(a [G, M, K], b [G, N, K], d [G, M, N], masked_m, expected_m)
     the same without scales, in float32 (float64 for float64 inputs), cast to d's dtype.
+m_grouped_bf16_gemm_nt_contiguous(a [T, K], b [G, N, K], d [T, N], grouped_layout [T] int32)
+    d[t] = a[t] @ b[g]^T with g = grouped_layout[t], in float32 (float64 for float64 inputs),
+    cast to d's dtype; rows whose group is -1 (padding) are left as they were.
 m_grouped_fp8_fp4_gemm_nt_contiguous((a [T, K] fp8, sfa [T, K/128]), (b [G, N, K] fp8,
                                      sfb [G, N/128, K/128]), d [T, N], grouped_layout [T] int32)
     d[t] = (a[t] * sfa[t]) @ (b[g] * sfb[g])^T with g = grouped_layout[t]; rows whose group is
@@ -83,6 +86,16 @@ m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
 
 def get_mk_alignment_for_contiguous_layout() -> int:
     return 128
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims='nk', use_psum_layout=False, ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    if use_psum_layout:
+        raise NotImplementedError("deep_gemm stand-in: the psum layout (SM100)")
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    for g in grouped_layout.unique().tolist():
+        if g >= 0:
+            rows = (grouped_layout == g).nonzero().squeeze(1)
+            d[rows] = (a[rows].to(acc) @ b[g].to(acc).transpose(0, 1)).to(d.dtype)
 
 
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims='nk'):
