@@ -99,7 +99,6 @@ class Estimates:
 
     def _update_corrections(self) -> None:
         counts, totals = self.table.counts, self.table.totals
-        logs: dict[tuple[str, str], list[float]] = {}
         self._logs = {"decode": {}, "prefill": {}}
         self._near = {}
         for base, ratios in self._prior_ratio.items():
@@ -114,11 +113,10 @@ class Estimates:
                 if n and none_us > 0 and prior_ratio > 0 and totals[cell] > 0:
                     measured_ratio = totals[cell] / n / none_us
                     log = math.log(measured_ratio / prior_ratio)
-                    logs.setdefault((phase, m), []).append(log)
                     self._logs[phase].setdefault(m, {})[bucket_of(base)] = log
-        for phase in ("decode", "prefill"):
-            self._correction[phase] = {m: math.exp(sum(v) / len(v))
-                                       for (p, m), v in logs.items() if p == phase}
+        self._correction = {phase: {m: math.exp(sum(v.values()) / len(v))
+                                    for m, v in by_mode.items()}
+                            for phase, by_mode in self._logs.items()}
 
     def estimate(self, base: int, prior: Mapping[str, float], candidates: Sequence[str],
                  phase: str) -> tuple[dict[str, float], frozenset[str]]:
