@@ -90,8 +90,9 @@ def test_unquantized_experts_are_each_rows_weighted_sum(shim: None) -> None:
 
 def test_fp8_experts_are_the_dequantized_products(shim: None) -> None:
     from sglang_cpu_shim.deep_ep_gloo import COUNTERS, quantize_fp8
-    from sglang_cpu_shim.deepep import quant_blocks
     from sglang_cpu_shim.normal_experts import experts_output
+
+    from sglang_overlap.kernels.fp8 import quant_per_block
 
     layer, x, ids, w = _case(4)
     q, s = quantize_fp8(x)
@@ -100,7 +101,7 @@ def test_fp8_experts_are_the_dequantized_products(shim: None) -> None:
     assert COUNTERS["fp8_experts"] == before + 1
 
     def deq(weight: torch.Tensor) -> torch.Tensor:
-        wq, ws = quant_blocks(weight)
+        wq, ws = quant_per_block(weight)
         return wq.float() * ws.repeat_interleave(128, 1).repeat_interleave(128, 2)
 
     x_deq = q.float() * s.repeat_interleave(128, -1)

@@ -129,6 +129,7 @@ class GlooLowLatency:
 
     def combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                 handle: tuple, overlap: bool = False, form: str | None = None,
+                out: torch.Tensor | None = None,
                 **signals: Any) -> tuple[torch.Tensor, EventOverlap, Callable[[], None]]:
         src, count, t, n, num_experts = handle
         if overlap:
@@ -151,7 +152,10 @@ class GlooLowLatency:
             acc = acc + torch.where((topk_idx[:, j] >= 0)[:, None], w[:, j, None] * pair[:, j],
                                     0.0)
         COUNTERS["combine"] += 1
-        return acc.to(x.dtype), EventOverlap(), _no_hook
+        if out is None:
+            return acc.to(x.dtype), EventOverlap(), _no_hook
+        out.copy_(acc)  # the caller's buffer (DeepEP's `out`), returned as the result
+        return out, EventOverlap(), _no_hook
 
 
 def _check_signals(form: str | None, count: torch.Tensor, capacity: int,

@@ -49,8 +49,6 @@ import torch.nn.functional as F
 
 DEEPEP_ENV = "SGLANG_CPU_SHIM_DEEPEP"
 FP8_ENV = "SGLANG_CPU_SHIM_DEEPEP_FP8"
-FP8_MAX = 448.0  # float8_e4m3fn
-GROUP = 128  # DeepGEMM's scale block
 H100_SXM = SimpleNamespace(name="NVIDIA H100 80GB HBM3 (cpu_shim emulation)", major=9, minor=0,
                            multi_processor_count=132, total_memory=80 * (1 << 30))
 RUN_MOE_CORE = "sglang.srt.layers.moe.ep_moe.layer.DeepEPMoE.run_moe_core"
@@ -65,21 +63,15 @@ def fp8_experts() -> bool:
     return os.environ.get(FP8_ENV, "0") == "1"
 
 
-def quant_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [E, N, K] float -> (fp8 [E, N, K], float32 scales [E, N / 128, K / 128]): 128 x 128
-    blocks, scale = amax / 448 (1 for an all-zero block)."""
-    e, n, k = w.shape
-    b = w.float().reshape(e, n // GROUP, GROUP, k // GROUP, GROUP)
-    amax = b.abs().amax(dim=(2, 4))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (b / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(e, n, k), scale
-
-
 def _fp8_weights(layer: Any) -> tuple[torch.Tensor, ...]:
+    """The layer's (w13, w13 scales, w2, w2 scales) in fp8 with 128 x 128 block scales (the
+    plugin's `kernels.fp8.quant_per_block`), quantized once."""
+    from sglang_overlap.kernels.fp8 import quant_per_block
+
     cached = layer.__dict__.get("_cpu_shim_fp8")
     if cached is None:
-        cached = (*quant_blocks(layer.w13_weight.data), *quant_blocks(layer.w2_weight.data))
+        cached = (*quant_per_block(layer.w13_weight.data),
+                  *quant_per_block(layer.w2_weight.data))
         layer._cpu_shim_fp8 = cached
     return cached  # type: ignore[no-any-return]
 

@@ -75,11 +75,7 @@ class Buffer(BufferBase):
                             return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None) -> \
             Tuple[torch.Tensor, "EventOverlap", Callable]:
-        combined, event, hook = self._ll.combine(
-            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_block",
+        return self._ll.combine(
+            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_block", out=out,
             packed_recv_count=packed_recv_count, comp_signal=comp_signal, block_m=block_m,
             threshold=threshold)
-        if out is not None:
-            out.copy_(combined)
-            combined = out
-        return combined, event, hook

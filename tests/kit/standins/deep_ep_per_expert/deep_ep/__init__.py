@@ -76,10 +76,6 @@ class Buffer(BufferBase):
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None,
                             overlap: bool = False, src_signals: Optional[torch.Tensor] = None, src_signal_expect_value: int = 0) -> \
             Tuple[torch.Tensor, "EventOverlap", Callable]:
-        combined, event, hook = self._ll.combine(
-            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_expert",
+        return self._ll.combine(
+            x, topk_idx, topk_weights, handle, overlap=overlap, form="per_expert", out=out,
             src_signals=src_signals, src_signal_expect_value=src_signal_expect_value)
-        if out is not None:
-            out.copy_(combined)
-            combined = out
-        return combined, event, hook
