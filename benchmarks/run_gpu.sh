@@ -17,6 +17,9 @@
 #           capture time and memory against one set, replay times, the mode selector over a
 #           decode trace on those replays (benchmarks/bench_graph_sets.py; GRAPH_ARGS, GRAPH_TREE)
 #     all   all four (not releases, not graphsets)
+#     serve real `sglang serve` processes (SGLang 0.5.23 staged from .gpukit, built here by
+#           benchmarks/serve/build_kit.sh) with and without the plugin on one GPU: tokens,
+#           bench_serving, graph capture, decisions vs replays (benchmarks/serve/run_serve.sh)
 # Results and logs go to $OUT (default .gpu-out/). Set NPROC=N to run the DeepEP tests and the
 # layer benchmark under torchrun --nproc-per-node N (default: 1, one rank).
 #
@@ -42,6 +45,7 @@
 set -uo pipefail
 MODE=${1:-sbo}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+[ "$MODE" = serve ] && exec bash "$ROOT/benchmarks/serve/run_serve.sh" "$@"
 cd "$ROOT"
 OUT=${OUT:-$ROOT/.gpu-out}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/.whl}; TREES=${DEEPEP_TREES:-$ROOT/.deepep}; CACHE=${GPU_CACHE:-$ROOT/.gpu-cache}

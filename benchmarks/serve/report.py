@@ -1,0 +1,123 @@
+"""The serve table from serve_suite.py's records (OUT/serve_<name>.json, OUT/kernels.json).
+
+    python3 benchmarks/serve/report.py OUT [--json ALL.json]
+
+Per server: greedy tokens against the baseline without the plugin on the same DeepEP tree
+("base" for hybrid-ep, "base_ant" for antgroup-opt), bench_serving's median ITL and output
+throughput per concurrency (and the ratio to that baseline, same run), graph capture time and
+memory from SGLang's log, and, for --overlap-gating auto, the selector's decode decisions per mode
+against the graph replays per mode counted by the probe plugin (outside sglang-overlap).
+
+Token criterion (fp8, random weights): a prompt passes when its greedy ids equal the baseline's,
+or first differ at a position where the baseline's top-2 log-probabilities are within
+NEAR_TIE nats and the server picked the baseline's second token (a near-tie resolved the other
+way by a kernel's rounding; everything after it is a different sequence and is not compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NEAR_TIE = 0.05
+BASELINE = {"hybrid-ep": "base", "antgroup-opt": "base_ant"}
+
+
+def token_verdict(rows: list[dict[str, Any]], base: list[dict[str, Any]]) -> tuple[bool, str]:
+    equal, ties, bad = 0, [], []
+    for i, (r, b) in enumerate(zip(rows, base, strict=True)):
+        diff = next((p for p, (x, y) in enumerate(zip(r["ids"], b["ids"], strict=False))
+                     if x != y), None)
+        if diff is None and len(r["ids"]) == len(b["ids"]):
+            equal += 1
+            continue
+        top = b["top2"][diff] if diff is not None else []
+        gap = top[0][0] - top[1][0] if len(top) == 2 else float("inf")
+        if diff is not None and len(top) == 2 and r["ids"][diff] == top[1][1] and gap < NEAR_TIE:
+            ties.append(f"p{i}@{diff} gap {gap:.3f}")
+        else:
+            bad.append(f"p{i}@{diff} gap {gap:.3f}")
+    text = f"{equal}/{len(rows)} equal" + (f", near-tie {'; '.join(ties)}" if ties else "")
+    return not bad, text + (f", DIFFERENT {'; '.join(bad)}" if bad else "")
+
+
+def decisions_vs_replays(rec: dict[str, Any]) -> tuple[bool, str]:
+    """Decode decisions of the selector per mode == graph replays labelled with that mode."""
+    if not rec.get("modes"):
+        return True, "-"
+    dec: dict[str, int] = {}
+    for *key, n in (rec.get("gate") or {}).get("counters", {}).get("decisions", []):
+        if key[0] == "decode":
+            dec[key[1]] = dec.get(key[1], 0) + n
+    rep = {m: sum(n for lab, n in rec["graphs"]["replays"].items() if lab.endswith(f"overlap:{m}"))
+           for m in rec["modes"]}
+    ok = all(dec.get(m, 0) == rep[m] for m in rec["modes"]) and sum(rep.values()) > 0
+    return ok, " ".join(f"{m} {dec.get(m, 0)}/{rep[m]}" for m in rec["modes"])
+
+
+def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tuple[str, bool]:
+    lines, all_ok = [], True
+    if kernels:
+        lines.append("Kernels through the torch 2.11 bridge: " + ", ".join(
+            f"{k['check']} {'ok' if k['ok'] else 'FAIL'}"
+            + (f" ({k['rel_err']:.1e})" if "rel_err" in k and k["bound"] < 1 else "")
+            for k in kernels))
+        all_ok &= all(k["ok"] for k in kernels)
+    concs = sorted({int(c) for r in recs.values() for c in r.get("bench", {})})
+    lines += ["", "| server | DeepEP tree | flags | tokens vs baseline | "
+              + " | ".join(f"ITL p50 ms c={c} (x base)" for c in concs)
+              + f" | out tok/s c={concs[-1] if concs else '-'} (x base) | graph capture s / GB"
+              " | decode decisions/replays | SBO producer |",
+              "|" + "---|" * (8 + len(concs))]
+    for name, r in recs.items():
+        base = recs.get(BASELINE.get(r["tree"], "base"))
+        if "error" in r:
+            all_ok = False
+            lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags'])} | FAILED: "
+                         f"{r['error'][:160]} |" + " |" * (4 + len(concs)))
+            continue
+        tok_ok, tok = (True, "baseline") if base is r else (False, "no baseline") if not base \
+            or "error" in base else token_verdict(r["tokens_batch"] + r["tokens_single"],
+                                                  base["tokens_batch"] + base["tokens_single"])
+        cells = []
+        for c in concs:
+            itl = r["bench"].get(str(c), {}).get("median_itl_ms")
+            b = (base or {}).get("bench", {}).get(str(c), {}).get("median_itl_ms")
+            cells.append(f"{itl:.2f}" + (f" ({itl / b:.3f})" if b and base is not r else "")
+                         if itl else "-")
+        thr = r["bench"].get(str(concs[-1]), {}).get("output_throughput") if concs else None
+        bthr = (base or {}).get("bench", {}).get(str(concs[-1]), {}).get("output_throughput") \
+            if concs else None
+        thr_s = f"{thr:.0f}" + (f" ({thr / bthr:.3f})" if bthr and base is not r else "") \
+            if thr else "-"
+        cap = " + ".join(f"{c['time_s']:.1f} s / {c['mem_gb']:.2f}" for c in r["capture"]) or "-"
+        dr_ok, dr = decisions_vs_replays(r)
+        producer = next((ln.split("sglang-overlap:", 1)[1].strip()[:70] for ln in r["plugin_log"]
+                         if "producer" in ln), "-")
+        all_ok &= tok_ok and dr_ok
+        lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags']) or '-'} | {tok} | "
+                     + " | ".join(cells) + f" | {thr_s} | {cap} | {dr} | {producer} |")
+    return "\n".join(lines), all_ok
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    recs = {json.loads(p.read_text())["name"]: json.loads(p.read_text())
+            for p in sorted(args.out.glob("serve_*.json"), key=lambda p: p.stat().st_mtime)}
+    kpath = args.out / "kernels.json"
+    kernels = json.loads(kpath.read_text()) if kpath.is_file() else []
+    text, ok = table(recs, kernels)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps({"servers": recs, "kernels": kernels}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,234 @@
+"""Real `sglang serve` processes on one GPU, with and without sglang-overlap, one after another:
+greedy tokens of a fixed prompt set, SGLang's own bench_serving, /metrics, /server_info, graph
+capture time and memory from SGLang's log, graph replays per overlap mode (the benchmark-only
+`sglang_serve_probe` plugin) against the mode selector's decisions.
+
+    python3 benchmarks/serve/serve_suite.py --model DIR --out OUT --servers base,plugin,tbo,...
+        [--deadline EPOCH_S] [--concurrency 1,16,64]
+
+Run by `benchmarks/run_gpu.sh serve`, which stages SGLang on the GPU machine and sets the
+environment each server inherits (SERVE_SITE_BASE: SGLang and its dependencies; SERVE_SITE_PLUGIN:
+sglang-overlap installed from its wheel metadata, so SGLang loads it through its entry point;
+SERVE_TREES: DeepEP trees by name). Each server's record goes to OUT/serve_<name>.json as soon as
+it is done; report.py turns the records into the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+AUTO = ["--overlap-gating", "auto"]
+TBO, SBO = ["--enable-two-batch-overlap"], ["--enable-single-batch-overlap"]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    flags: list[str] = field(default_factory=list)
+    plugin: bool = True  # sglang-overlap installed (SGLang loads it through its entry point)
+    tree: str = "hybrid-ep"  # DeepEP tree: hybrid-ep (per-expert combine), antgroup-opt (per block)
+    modes: tuple[str, ...] = ()  # graph sets the plugin captures (--overlap-gating auto)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+ANT_ENV = {"DEEPEP_DISABLE_LL_DISPATCH_OPT": "1"}  # its layered LL dispatch needs 8k ranks
+SERVERS: dict[str, ServerSpec] = {
+    "base": ServerSpec(plugin=False),
+    "plugin": ServerSpec(),
+    "tbo": ServerSpec(TBO),
+    "sbo_expert": ServerSpec(SBO),
+    "auto": ServerSpec([*TBO, *SBO, *AUTO], modes=("tbo", "sbo", "none")),
+    "base_ant": ServerSpec(plugin=False, tree="antgroup-opt", env=ANT_ENV),
+    "sbo_block": ServerSpec(SBO, tree="antgroup-opt", env=ANT_ENV),
+    "auto_block": ServerSpec([*TBO, *SBO, *AUTO], tree="antgroup-opt", env=ANT_ENV,
+                             modes=("tbo", "sbo", "none")),
+}
+WORDS = ("The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is "
+         "the capital of France. User: hi there. Assistant: hello, how can I help you today? "
+         "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) [ ] the and of to in is that for it").split()
+PROMPTS = [" ".join(WORDS[(7 * i) % len(WORDS):] + WORDS)[: 40 + 90 * i] for i in range(8)]
+NEW_TOKENS = 24
+SGLANG_CLI = ("import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
+              "sys.exit(main())")
+CAPTURE_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\. "
+                         r"mem usage=([\d.]+) GB\. avail mem=([\d.]+) GB")
+
+
+def common_flags(model: str, port: int, max_bs: int) -> list[str]:
+    return ["--model-path", model, "--host", "127.0.0.1", "--port", str(port), "--tp", "1",
+            "--moe-a2a-backend", "deepep", "--deepep-mode", "auto",
+            "--attention-backend", "triton", "--cuda-graph-max-bs", str(max_bs),
+            "--max-running-requests", str(max_bs), "--chunked-prefill-size", "4096",
+            "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.8"),
+            "--disable-radix-cache", "--enable-metrics", "--trust-remote-code",
+            "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}']
+
+
+def http(url: str, body: Any = None, timeout: float = 120) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> float:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            http(f"{url}/health_generate", timeout=30)
+            return time.time() - t0
+        except Exception:
+            time.sleep(2)
+    raise TimeoutError(f"not ready after {timeout:.0f} s")
+
+
+def generate(url: str, texts: list[str]) -> list[dict[str, Any]]:
+    """Greedy continuation of each text (one batched request): ids and, per position, the top-2
+    (logprob, id) pairs."""
+    out = http(f"{url}/generate", {
+        "text": texts, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS,
+                                           "ignore_eos": True},
+        "return_logprob": True, "top_logprobs_num": 2}, timeout=600)
+    rows = []
+    for o in out:
+        meta = o["meta_info"]
+        rows.append({"ids": [t[1] for t in meta["output_token_logprobs"]],
+                     "top2": [[[lp, i] for lp, i, *_ in pos]
+                              for pos in meta["output_top_logprobs"]]})
+    return rows
+
+
+def bench(url: str, port: int, model: str, concurrency: int, out: Path) -> dict[str, Any]:
+    """SGLang's bench_serving: random token ids (input 128-256, output 64), 4 x concurrency
+    prompts (at least 8)."""
+    res = out.with_suffix(".jsonl")
+    cmd = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
+           "--host", "127.0.0.1", "--port", str(port), "--model", model,
+           "--tokenizer", model, "--dataset-name", "random-ids", "--random-input-len", "256",
+           "--random-output-len", "64", "--random-range-ratio", "0.5",
+           "--num-prompts", str(max(8, 4 * concurrency)), "--max-concurrency", str(concurrency),
+           "--output-file", str(res), "--disable-tqdm", "--seed", "1"]
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300, check=True)
+    rec = json.loads(res.read_text().strip().splitlines()[-1])
+    keep = ("median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_ttft_ms", "median_tpot_ms",
+            "output_throughput", "request_throughput", "completed", "duration")
+    return {k: rec.get(k) for k in keep}
+
+
+def probe_counts(probe_dir: Path) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {"captures": {}, "replays": {}}
+    for p in probe_dir.glob("graphs-*.json"):
+        snap = json.loads(p.read_text())
+        for k in total:
+            for label, n in snap.get(k, {}).items():
+                total[k][label] = total[k].get(label, 0) + n
+    return total
+
+
+def plugin_table(url: str) -> dict[str, Any] | None:
+    info = http(f"{url}/server_info")
+    for s in info.get("internal_states") or []:
+        if isinstance(s, dict) and "sglang_overlap_gate" in s:
+            return s["sglang_overlap_gate"]
+    return None
+
+
+def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int) -> dict[str, Any]:
+    out: Path = args.out
+    probe_dir = out / f"probe_{name}"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    sites = [os.environ["SERVE_SITE_PLUGIN"]] if spec.plugin else []
+    trees = json.loads(os.environ["SERVE_TREES"])
+    env = {**os.environ, **spec.env, "SGLANG_SERVE_PROBE_DIR": str(probe_dir),
+           "PYTHONPATH": os.pathsep.join([*sites, trees[spec.tree], os.environ["SERVE_SITE_BASE"]])}
+    url = f"http://127.0.0.1:{port}"
+    flags = [*common_flags(args.model, port, args.max_bs), *spec.flags]
+    rec: dict[str, Any] = {"name": name, "flags": spec.flags, "plugin": spec.plugin,
+                           "tree": spec.tree, "modes": list(spec.modes)}
+    log_path = out / f"server_{name}.log"
+    t0 = time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", SGLANG_CLI, "serve", *flags],
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
+        rec["tokens_batch"] = generate(url, PROMPTS)
+        rec["tokens_single"] = generate(url, PROMPTS[:1])
+        rec["bench"] = {}
+        for c in args.concurrency:
+            rec["bench"][str(c)] = bench(url, port, args.model, c, out / f"bench_{name}_c{c}")
+        time.sleep(1)
+        rec["metrics"] = [line for line in str(http(f"{url}/metrics")).splitlines()
+                          if line.startswith(("sglang_overlap", "sglang:num_requests_total",
+                                              "sglang:generation_tokens_total"))]
+        rec["gate"] = plugin_table(url) if spec.plugin else None
+        rec["graphs"] = probe_counts(probe_dir)
+    except BaseException as exc:  # the record says what failed; the next server still runs
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run(["pkill", "-9", "-f", f"--port {port}"], check=False)
+    text = log_path.read_text(errors="replace")
+    rec["capture"] = [{"time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
+                      for a, b, c in CAPTURE_END.findall(text)]
+    rec["plugin_log"] = [ln for ln in text.splitlines() if "sglang-overlap" in ln][:40]
+    rec["log_tail"] = text.splitlines()[-25:] if "error" in rec else []
+    rec["wall_s"] = time.time() - t0
+    (out / f"serve_{name}.json").write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--servers", default="base,plugin,tbo,sbo_expert,auto")
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--max-bs", type=int, default=64)
+    ap.add_argument("--start-timeout", type=float, default=420)
+    ap.add_argument("--deadline", type=float, default=0, help="epoch seconds: start no server "
+                    "with less than --min-left seconds before it")
+    ap.add_argument("--min-left", type=float, default=90)
+    args = ap.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rc = 0
+    for i, name in enumerate(n for n in args.servers.split(",") if n):
+        if args.deadline and time.time() > args.deadline - args.min_left:
+            print(f"[serve] {name}: skipped (deadline)", flush=True)
+            continue
+        rec = run_server(name, SERVERS[name], args, 31000 + i)
+        if rec.get("error", "").startswith("KeyboardInterrupt"):
+            print(f"[serve] {name}: interrupted ({rec['wall_s']:.0f} s)", flush=True)
+            return 1
+        status = rec.get("error") or f"ok, ready in {rec['ready_s']:.0f} s"
+        print(f"[serve] {name}: {status} ({rec['wall_s']:.0f} s)", flush=True)
+        rc |= "error" in rec
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
