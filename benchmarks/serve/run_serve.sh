@@ -38,7 +38,7 @@ for p in "${pids[@]}"; do wait "$p" || log "unpack failed ($p)"; done
 cp benchmarks/serve/boot/sitecustomize.py "$G/site/"
 trees="{"; for d in "$G"/trees/*/; do n=$(basename "$d"); trees+="\"$n\": \"${d%/}\", "; done
 export SERVE_TREES="${trees%, }}" SERVE_SITE_BASE=$G/site SERVE_SITE_PLUGIN=$G/plugin
-export SGLANG_SERVE_TORCH_BRIDGE=$G/libtorch_bridge.so
+export SGLANG_SERVE_TORCH_BRIDGE=$G/libtorch_bridge.so SGLANG_SERVE_BRIDGE_VERBOSE=1
 export SGLANG_JIT_DEEPGEMM_PRECOMPILE=false SGLANG_DG_CACHE_DIR=$G/jit/deep_gemm \
   DG_JIT_CACHE_DIR=$G/jit/deep_gemm TRITON_CACHE_DIR=$G/jit/triton SGLANG_OVERLAP_CACHE=$G/jit/sgo \
   CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH

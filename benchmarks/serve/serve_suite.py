@@ -67,7 +67,8 @@ CAPTURE_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\. "
 def common_flags(model: str, port: int, max_bs: int) -> list[str]:
     return ["--model-path", model, "--host", "127.0.0.1", "--port", str(port), "--tp", "1",
             "--moe-a2a-backend", "deepep", "--deepep-mode", "auto",
-            "--attention-backend", "triton", "--cuda-graph-max-bs", str(max_bs),
+            "--attention-backend", "triton", "--cuda-graph-max-bs-decode", str(max_bs),
+            "--disable-prefill-cuda-graph",
             "--max-running-requests", str(max_bs), "--chunked-prefill-size", "4096",
             "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.8"),
             "--disable-radix-cache", "--enable-metrics", "--trust-remote-code",
@@ -150,6 +151,20 @@ def plugin_table(url: str) -> dict[str, Any] | None:
     return None
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group, SIGKILL it after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int) -> dict[str, Any]:
     out: Path = args.out
     probe_dir = out / f"probe_{name}"
@@ -166,8 +181,8 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     t0 = time.time()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", SGLANG_CLI, "serve", *flags],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=out,
+                                start_new_session=True)  # cwd: no plugin source on sys.path
     try:
         rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
         rec["tokens_batch"] = generate(url, PROMPTS)
@@ -184,12 +199,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     except BaseException as exc:  # the record says what failed; the next server still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc)
         subprocess.run(["pkill", "-9", "-f", f"--port {port}"], check=False)
     text = log_path.read_text(errors="replace")
     rec["capture"] = [{"time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
