@@ -19,6 +19,18 @@ graph modes (at most 3); --cuda-graph-max-bs bounds both, as upstream.
 
 A decode step in the captured range that runs eager anyway is counted
 (`stats.add("eager_fallbacks", mode, reason)`) and logged once per (mode, reason).
+
+Refused at capture, before any graph exists (a SettingsError naming the fix):
+
+* a decode attention backend that builds new state for every capture of a batch size
+  (`PER_CAPTURE_STATE`: FlashInfer MLA and its subclasses TRT-LLM MLA and CuteDSL MLA keep the
+  last capture's wrapper / `seq_lens_k` in `decode_cuda_graph_metadata[bs]`, so the graphs of the
+  modes captured first would read stale or freed memory); triton, fa3/fa4 and flashmla write one
+  set of buffers allocated once and are safe;
+* a further mode's graphs that would leave less free GPU memory than the activations' reserve
+  (`memory_floor`): SGLang sizes the KV pool before capture, so every set comes out of the same
+  slack (`check_memory` measures the first set's cost per batch size and refuses with the
+  numbers).
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.settings import OverlapSettings
+from sglang_overlap.settings import OverlapSettings, SettingsError
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -68,8 +80,80 @@ def runner_modes(runner: Any) -> tuple[str, ...]:
     if modes is None:
         draft = bool(getattr(runner.model_runner, "is_draft_worker", False))
         modes = () if draft else graph_modes(state.settings())
+        if len(modes) > 1:
+            check_attention_state(runner.attn_backend, modes)
         runner.__dict__[MODES_ATTR] = modes
     return tuple(modes)
+
+
+# Decode attention backends (and their subclasses) that rebuild per-batch-size state at each
+# capture instead of writing buffers allocated once (SGLang 0.5.23: flashinfer_mla_backend.py
+# `init_forward_metadata_out_graph` makes a new wrapper per capture; trtllm_mla_backend.py a new
+# `seq_lens_k`; CuteDslMLABackend subclasses TRTLLMMLABackend, which subclasses this one)
+PER_CAPTURE_STATE = ("FlashInferMLAAttnBackend",)
+
+
+def attention_backends(backend: Any) -> list[Any]:
+    """The backends that run decode attention: `backend` itself, or what SGLang's wrappers hold
+    (TboAttnBackend: primary and children; HybridAttnBackend: its decode backend)."""
+    if hasattr(backend, "primary") and hasattr(backend, "children"):
+        return [b for child in (backend.primary, *backend.children)
+                for b in attention_backends(child)]
+    if hasattr(backend, "decode_backend"):
+        return attention_backends(backend.decode_backend)
+    return [backend]
+
+
+def check_attention_state(backend: Any, modes: tuple[str, ...]) -> None:
+    """Raise SettingsError where a decode attention backend keeps only its last capture's state
+    per batch size (`PER_CAPTURE_STATE`), which one graph set per mode cannot share."""
+    for b in attention_backends(backend):
+        bad = next((c.__name__ for c in type(b).__mro__ if c.__name__ in PER_CAPTURE_STATE), None)
+        if bad is not None:
+            raise SettingsError(
+                f"sglang-overlap: --overlap-gating auto with decode CUDA graphs captures each "
+                f"batch size once per overlap mode ({', '.join(modes)}), but the decode attention "
+                f"backend {type(b).__name__} ({bad}) rebuilds its per-batch-size state at every "
+                f"capture, so the graphs of all but the last mode would read stale memory. Use "
+                f"--decode-attention-backend triton, fa3 or flashmla (or --attention-backend), "
+                f"or --disable-decode-cuda-graph, or drop --overlap-gating auto")
+
+
+GIB = 1 << 30
+
+
+def memory_floor() -> int:
+    """Free GPU bytes that must remain after a graph set: SGLang's own activation reserve when it
+    chooses --mem-fraction-static (512 MB + 1.5 MB per --chunked-prefill-size token, at least
+    2048 tokens; SGLang 0.5.23 arg_groups/memory_hook.py), so a prefill after capture still fits."""
+    from sglang.srt.runtime_context import get_schedule
+
+    chunk = int(get_schedule().chunked_prefill_size or 0)
+    return int((512 + 1.5 * max(chunk, 2048)) * (1 << 20))
+
+
+def check_memory(free: int, set_cost: int, floor: int, *, mode: str, bs: int, max_bs: int,
+                 modes: tuple[str, ...]) -> None:
+    """Refuse (SettingsError, with the numbers) to capture `mode`'s graph for batch size `bs` when
+    `free` bytes minus `set_cost` (what this batch size's first set took) would leave less than
+    `floor` free."""
+    if free - set_cost >= floor:
+        return
+    raise SettingsError(
+        f"sglang-overlap: the {mode} decode graph of batch size {bs} does not fit: "
+        f"{free / GIB:.2f} GiB free, one graph set of this size took {set_cost / GIB:.2f} GiB, and "
+        f"{floor / GIB:.2f} GiB must stay free for activations. --overlap-gating auto captures "
+        f"{len(modes)} sets ({', '.join(modes)}) up to --cuda-graph-max-bs-decode {max_bs}: lower "
+        f"it, or lower --mem-fraction-static so that {(floor - free + set_cost) / GIB:.2f} GiB "
+        f"more stay free")
+
+
+def _free_bytes() -> int | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info()[0])
 
 
 def step_graph_mode(forward_batch: Any) -> str:
@@ -104,11 +188,23 @@ def capture_one_shape(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     modes = runner_modes(self)
     if not modes:
         return orig(self, *args, **kwargs)
-    out = None
-    for mode in modes:
+    out, before, cost = None, _free_bytes(), 0
+    for i, mode in enumerate(modes):
+        free = _free_bytes()
+        if i == 1 and before is not None and free is not None:
+            cost = max(before - free, 0)
+        if i >= 1 and free is not None:
+            check_memory(free, cost, memory_floor(), mode=mode, bs=_batch_size(args, kwargs),
+                         max_bs=int(self.max_bs), modes=modes)
         with _as_mode(self, mode, capture=True):
             out = orig(self, *args, **kwargs)
     return out
+
+
+def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """`capture_one_shape(size, forward, ...)`'s batch size (for messages)."""
+    bs = kwargs.get("size", args[0] if args else -1)
+    return int(bs) if isinstance(bs, int) else -1
 
 
 def make_graph_key(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:

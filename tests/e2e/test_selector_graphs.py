@@ -165,6 +165,11 @@ def test_decode_steps_replay_their_modes_graph_and_none_runs_eager(run: Selector
     steps = run.series("steps")
     decode = {m: steps.get(("decode", m, "graph"), 0) for m in run.modes}
     assert all(by_mode[m] > 0 for m in run.modes), (by_mode, replays[0])
+    # the selector's own decisions against the graphs the stand-in backend replayed (counted by
+    # the key SGLang handed it): a step decided as one mode that replays another mode's graph
+    # fails here, whatever the plugin's step counters say
+    decided = {m: run.series("decisions").get(("decode", m), 0) for m in run.modes}
+    assert decided == by_mode, f"decisions {decided} != replays {by_mode}"
     assert decode == by_mode, (decode, by_mode)  # every counted replay is a step of that mode
     assert not any(k[0] == "decode" and k[2] == "eager" for k in steps), steps
     assert run.series("eager_fallbacks") == {}, run.series("eager_fallbacks")

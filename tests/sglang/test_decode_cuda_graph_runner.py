@@ -13,6 +13,14 @@ import pytest
 pytest.importorskip("sglang.srt.model_executor.runner.decode_cuda_graph_runner",
                     reason="sglang 0.5.23 is not installed")
 
+from sglang.srt.layers.attention.cutedsl_mla_backend import CuteDslMLABackend  # noqa: E402
+from sglang.srt.layers.attention.flashinfer_mla_backend import (  # noqa: E402
+    FlashInferMLAAttnBackend,
+)
+from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.tbo_backend import TboAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLABackend  # noqa: E402
 from sglang.srt.layers.moe.utils import is_sbo_enabled, is_tbo_enabled  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (  # noqa: E402
@@ -21,7 +29,7 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (  # noqa:
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
 from sglang_overlap import stats  # noqa: E402
-from sglang_overlap.settings import OverlapSettings  # noqa: E402
+from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang import decode_cuda_graph_runner as glue  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
 
@@ -52,7 +60,8 @@ def settings(request: Any) -> Any:
     state.set_step_mode(None)
 
 
-def _runner(*, tbo: bool = True, max_bs: int = 8, draft: bool = False) -> Any:
+def _runner(*, tbo: bool = True, max_bs: int = 8, draft: bool = False,
+            attn_backend: Any = None) -> Any:
     """A DecodeCudaGraphRunner with what `can_run_graph` / `_make_graph_key` read (no capture)."""
     r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
     r.ragged_verify_mode = False
@@ -67,7 +76,13 @@ def _runner(*, tbo: bool = True, max_bs: int = 8, draft: bool = False) -> Any:
     r.enable_two_batch_overlap = tbo
     r.model_runner = SimpleNamespace(is_draft_worker=draft,
                                      spec_algorithm=SimpleNamespace(is_ngram=lambda: False))
+    r.attn_backend = attn_backend if attn_backend is not None else _bare(TritonAttnBackend)
     return r
+
+
+def _bare(cls: type) -> Any:
+    """An instance of SGLang's backend class `cls` without its GPU set-up (its type is read)."""
+    return cls.__new__(cls)
 
 
 def _batch(bs: int, *, tbo_split: int | None = None, embeds: Any = None) -> Any:
@@ -167,3 +182,100 @@ def test_tbo_only_captures_tbo_and_none(settings: Any) -> None:
 def test_upstreams_label_is_kept() -> None:
     assert glue.mode_label("nolora", "tbo") == "nolora+overlap:tbo"
     assert glue.mode_label(None, "none") == "overlap:none"
+
+
+def _tbo(primary: Any, *children: Any) -> Any:
+    b = _bare(TboAttnBackend)
+    b.primary, b.children = primary, list(children)
+    return b
+
+
+def _hybrid(prefill: Any, decode: Any) -> Any:
+    b = _bare(HybridAttnBackend)
+    b.prefill_backend, b.decode_backend = prefill, decode
+    return b
+
+
+STALE = [FlashInferMLAAttnBackend, TRTLLMMLABackend, CuteDslMLABackend]
+SAFE = [TritonAttnBackend]  # fa3 and flashmla are safe too but need libcuda to import
+
+
+@pytest.mark.parametrize("cls", STALE, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("wrap", ["plain", "tbo", "tbo_child", "hybrid_decode"])
+def test_backends_keeping_the_last_captures_state_are_refused_before_any_capture(
+        settings: Any, cls: type, wrap: str) -> None:
+    bad, ok = _bare(cls), _bare(TritonAttnBackend)
+    backend = {"plain": bad, "tbo": _tbo(bad, ok, ok), "tbo_child": _tbo(ok, ok, bad),
+               "hybrid_decode": _hybrid(ok, bad)}[wrap]
+    captured: list[int] = []
+    with pytest.raises(SettingsError) as err:
+        glue.capture_one_shape(lambda runner, size, forward: captured.append(size),
+                               _runner(attn_backend=backend), 8, None)
+    assert captured == []
+    msg = str(err.value)
+    assert cls.__name__ in msg and "tbo, sbo, none" in msg, msg
+    assert "--decode-attention-backend triton, fa3 or flashmla" in msg, msg
+
+
+@pytest.mark.parametrize("cls", SAFE, ids=lambda c: c.__name__)
+def test_backends_writing_buffers_allocated_once_capture_every_mode(settings: Any,
+                                                                     cls: type) -> None:
+    for backend in (_bare(cls), _tbo(_bare(cls), _bare(cls), _bare(cls)),
+                    _hybrid(_bare(FlashInferMLAAttnBackend), _bare(cls))):  # prefill side: any
+        labels: list[str] = []
+
+        def orig(runner: Any, size: int, forward: Any, into: list[str] = labels) -> None:
+            into.append(DecodeCudaGraphRunner._make_graph_key(runner, size).variant_label)
+
+        glue.capture_one_shape(orig, _runner(attn_backend=backend), 4, None)
+        assert labels == ["overlap:tbo", "overlap:sbo", "overlap:none"], (cls, labels)
+
+
+@pytest.mark.parametrize("settings", [FIXED_TBO], indirect=True)
+def test_one_graph_set_needs_no_shared_state(settings: Any) -> None:
+    sizes: list[int] = []
+    glue.capture_one_shape(lambda runner, size, forward: sizes.append(size),
+                           _runner(attn_backend=_bare(FlashInferMLAAttnBackend)), 4, None)
+    assert sizes == [4]  # upstream's single set, whatever the backend
+
+
+GIB = 1 << 30
+
+
+def test_a_further_set_must_leave_the_activation_reserve_free() -> None:
+    kw: dict[str, Any] = {"mode": "sbo", "bs": 64, "max_bs": 256, "modes": ("tbo", "sbo", "none")}
+    glue.check_memory(int(4.5 * GIB), GIB, int(3.5 * GIB), **kw)  # leaves exactly the floor
+    with pytest.raises(SettingsError) as err:
+        glue.check_memory(int(4.5 * GIB) - 1, GIB, int(3.5 * GIB), **kw)
+    msg = str(err.value)
+    for part in ("sbo decode graph of batch size 64", "4.50 GiB free", "took 1.00 GiB",
+                 "3.50 GiB must stay free", "3 sets (tbo, sbo, none)",
+                 "--cuda-graph-max-bs-decode 256", "0.00 GiB more"):
+        assert part in msg, (part, msg)
+    with pytest.raises(SettingsError, match="1.50 GiB more stay free"):
+        glue.check_memory(3 * GIB, GIB, int(3.5 * GIB), **kw)
+
+
+def test_the_floor_is_sglangs_own_activation_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang.srt.runtime_context as rc
+
+    for chunk, mib in ((4096, 512 + 6144), (1024, 512 + 3072), (0, 512 + 3072)):
+        monkeypatch.setattr(rc, "get_schedule", lambda c=chunk: SimpleNamespace(
+            chunked_prefill_size=c))
+        assert glue.memory_floor() == mib << 20, chunk
+
+
+def test_capture_stops_at_the_first_set_that_does_not_fit(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    free = [10 * GIB]
+    monkeypatch.setattr(glue, "_free_bytes", lambda: free[0])
+    monkeypatch.setattr(glue, "memory_floor", lambda: 2 * GIB)
+    labels: list[str] = []
+
+    def orig(runner: Any, size: int, forward: Any) -> None:
+        labels.append(DecodeCudaGraphRunner._make_graph_key(runner, size).variant_label)
+        free[0] -= 3 * GIB  # each set of this size takes 3 GiB
+
+    with pytest.raises(SettingsError, match="the none decode graph of batch size 16"):
+        glue.capture_one_shape(orig, _runner(max_bs=16), 16, None)
+    assert labels == ["overlap:tbo", "overlap:sbo"]  # 4 GiB free - 3 GiB < 2 GiB: no third set
