@@ -3,7 +3,8 @@
     python3 benchmarks/serve/report.py OUT [--json ALL.json]
 
 Per server: greedy tokens against the baseline without the plugin on the same DeepEP tree
-("base" for hybrid-ep, "base_ant" for antgroup-opt), bench_serving's median ITL and output
+("base" for hybrid-ep, "base_ant" for antgroup-opt; "base" where that did not run),
+bench_serving's median ITL and output
 throughput per concurrency (and the ratio to that baseline, same run), graph capture time and
 memory from SGLang's log, and, for --overlap-gating auto, the selector's decode decisions per mode
 against the graph replays per mode counted by the probe plugin (outside sglang-overlap).
@@ -73,7 +74,7 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
               " | decode decisions/replays | SBO producer |",
               "|" + "---|" * (8 + len(concs))]
     for name, r in recs.items():
-        base = recs.get(BASELINE.get(r["tree"], "base"))
+        base = recs.get(BASELINE.get(r["tree"], "base")) or recs.get("base")
         if "error" in r:
             all_ok = False
             lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags'])} | FAILED: "
