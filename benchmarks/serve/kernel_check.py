@@ -156,23 +156,38 @@ CHECKS: dict[str, Check] = {
 }
 
 
+def run_one(name: str) -> dict[str, object]:
+    torch.manual_seed(0)
+    try:
+        err, bound = CHECKS[name]()
+        return {"check": name, "rel_err": err, "bound": bound, "ok": err <= bound}
+    except Exception as exc:  # noqa: BLE001 - reported, counted as a failure
+        return {"check": name, "error": f"{type(exc).__name__}: {exc}"[:300], "ok": False}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # run one check, print its row as JSON
     args = ap.parse_args(argv)
-    torch.manual_seed(0)
+    if args.one:
+        print(json.dumps(run_one(args.one)), flush=True)
+        return 0
+    import subprocess
+
     rows, ok = [], True
-    for name, check in CHECKS.items():
+    for name in CHECKS:  # each in its own process: a check that crashes costs only its row
+        p = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
+                           text=True, timeout=300)
+        last = (p.stdout.strip().splitlines() or [""])[-1]
         try:
-            err, bound = check()
-            good = err <= bound
-            rows.append({"check": name, "rel_err": err, "bound": bound, "ok": good})
-        except Exception as exc:  # noqa: BLE001 - reported, counted as a failure
-            good = False
-            rows.append({"check": name, "error": f"{type(exc).__name__}: {exc}"[:300],
-                         "ok": False})
-        ok &= good
-        print(f"[kernels] {'ok  ' if good else 'FAIL'} {rows[-1]}", flush=True)
+            row = json.loads(last)
+        except ValueError:
+            row = {"check": name, "ok": False, "error": f"process exited {p.returncode}: "
+                   + (p.stderr.strip().splitlines() or [""])[-1][:200]}
+        rows.append(row)
+        ok &= bool(row["ok"])
+        print(f"[kernels] {'ok  ' if row['ok'] else 'FAIL'} {row}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

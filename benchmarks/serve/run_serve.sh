@@ -3,7 +3,7 @@
 # kit that benchmarks/serve/build_kit.sh made here (.gpukit, carried), build the torch bridge,
 # check SGLang's kernels through it, draw the DeepSeek-V3-width checkpoint, then start real
 # `sglang serve` processes one after another (serve_suite.py) and print the table (report.py).
-#   SERVERS=base,auto,...  MOE_LAYERS=3  DEADLINE_S=540 (stop starting servers after this many
+#   KERNELS_ONLY=1 (stop after the kernel check)  SERVERS=base,auto,...  MOE_LAYERS=3  DEADLINE_S=540 (stop starting servers after this many
 #   seconds from the script's start)  CONCURRENCY=1,16,64
 # $OUT gets: serve_table.md, serve_results.json, logs.tar.gz, pip.log and jit.tar.gz (DeepGEMM's
 # and Triton's JIT caches, reused when carried as .gpukit/jit.tar.gz).
@@ -19,7 +19,9 @@ df -h /dev/shm /tmp | tail -2; free -g | sed -n 2p
 
 log "stage"
 pids=()
-for a in sglang sgl_kernel deps; do tar -xJf "$KIT/$a.tar.xz" -C "$G/site" & pids+=($!); done
+for a in sglang sgl_kernel deps; do
+  [ -f "$KIT/$a.tar.xz" ] && { tar -xJf "$KIT/$a.tar.xz" -C "$G/site" & pids+=($!); }
+done
 for t in "$KIT"/deepep/*.tar.xz; do
   n=$(basename "$t" .tar.xz); mkdir -p "$G/trees/$n"; tar -xJf "$t" -C "$G/trees/$n" & pids+=($!)
 done
@@ -48,6 +50,7 @@ first_tree=$(ls -d "$G"/trees/*/ | head -1)
 PYTHONPATH=$G/site:$first_tree python3 benchmarks/serve/kernel_check.py --json "$G/out/kernels.json" \
   2>&1 | tee "$G/out/kernels.log" | grep -E "^\[kernels\]|Error|error" | head -20
 log "kernels checked"
+[ "${KERNELS_ONLY:-0}" = 1 ] && { cp "$G/out/kernels.json" "$OUT/"; exit 0; }
 
 MODEL=/dev/shm/dsv3
 shm=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
