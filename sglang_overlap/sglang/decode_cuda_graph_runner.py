@@ -262,14 +262,14 @@ def fallback_reason(runner: Any, forward_batch: Any) -> str:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(CAPTURE_ONE_SHAPE, capture_one_shape, "around",
              "--overlap-gating auto: capture each decode shape once per overlap mode",
-             "src:4d9b36b32b2c", feature="gate"),
+             "src:1b06a732620c", feature="gate"),
     HookSpec(MAKE_GRAPH_KEY, make_graph_key, "around",
-             "--overlap-gating auto: a graph key names its overlap mode", "src:8a6b1675fe6a",
+             "--overlap-gating auto: a graph key names its overlap mode", "src:0e1925a77c08",
              feature="gate"),
     HookSpec(CAN_RUN_GRAPH, can_run_graph, "around",
              "--overlap-gating auto: a step replays its mode's graph (not only TBO ones)",
-             "src:99352abf2692", feature="gate"),
+             "src:fa22154437e3", feature="gate"),
     HookSpec(EXECUTE, execute, "around",
-             "--overlap-gating auto: replay the step's mode's graph", "src:85927aa00425",
+             "--overlap-gating auto: replay the step's mode's graph", "src:5b4ef7f1439a",
              feature="gate"),
 )

@@ -35,5 +35,5 @@ def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(MASKED_GEMM, masked_gemm, "around",
              "the SBO down GEMM is kernels.down_gemm (deep_gemm wheels lack the signal kwargs)",
-             "src:9c69ce307233", feature="sbo"),
+             "src:66040fc1b260", feature="sbo"),
 )

@@ -94,8 +94,8 @@ def combine_core(orig: Any, self: Any, hidden_states: Any, topk_ids: Any,
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(DISPATCHER_INIT, dispatcher_init, "around",
              "torch_a2a: DeepEPDispatcher builds all-to-all impls instead of DeepEP buffers",
-             "src:438d018e7991", feature="torch_a2a"),
+             "src:199fea8eb070", feature="torch_a2a"),
     HookSpec(LL_COMBINE_CORE, combine_core, "around",
              "upstream's combine, with the overlap kwargs of the installed deep_ep's form",
-             "src:9bda193b63ce", feature="sbo"),
+             "src:b8a70d7bfee5", feature="sbo"),
 )

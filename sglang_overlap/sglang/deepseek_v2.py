@@ -58,5 +58,5 @@ def forward_deepep(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(FORWARD_DEEPEP, forward_deepep, "around",
              "--overlap-gating auto: SBO (shared-expert overlap, signal GEMM) only in SBO steps",
-             "src:f170561734f8", feature="gate"),
+             "src:07bd38bfef0e", feature="gate"),
 )

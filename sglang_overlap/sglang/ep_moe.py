@@ -32,5 +32,5 @@ def run_moe_core(orig: Any, self: Any, dispatch_output: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(RUN_MOE_CORE, run_moe_core, "around",
              "torch_a2a: local experts in torch (SGLang has no CPU path for DeepEP layouts)",
-             "src:5ef437e051c6", feature="torch_a2a"),
+             "src:b1eeddaea0b0", feature="torch_a2a"),
 )

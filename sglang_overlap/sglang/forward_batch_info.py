@@ -43,5 +43,5 @@ def pad_inputs_to_size(orig: Any, self: Any, model_runner: Any, *args: Any, **kw
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(PAD_INPUTS, pad_inputs_to_size, "around",
              "CPU: torch_native attention lacks the padding fill value a2a batches need",
-             "src:4caf8507d0dc", feature="torch_a2a", cpu_only=True),
+             "src:dff480b8eb0d", feature="torch_a2a", cpu_only=True),
 )

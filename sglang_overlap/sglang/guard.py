@@ -110,7 +110,20 @@ class _Sources:
 def _digest(node: ast.AST) -> str:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         node.decorator_list = []  # a decorator is not the function's code
-    return "src:" + hashlib.sha256(ast.dump(node).encode()).hexdigest()[:12]
+    return "src:" + hashlib.sha256(_canonical(node).encode()).hexdigest()[:12]
+
+
+def _canonical(value: object) -> str:
+    """The syntax tree as text, the same on every Python that parses it alike: `ast.dump` is not
+    (3.12 adds `type_params=[]` to every definition, 3.13 leaves out empty fields), so a field
+    that is None or an empty list is left out here on every version."""
+    if isinstance(value, ast.AST):
+        fields = (f"{name}={_canonical(v)}" for name in value._fields
+                  if (v := getattr(value, name, None)) is not None and v != [])
+        return f"{type(value).__name__}({', '.join(fields)})"
+    if isinstance(value, list):
+        return f"[{', '.join(_canonical(v) for v in value)}]"
+    return repr(value)
 
 
 def _live(module: object, attrs: list[str]) -> object:

@@ -79,7 +79,7 @@ class ResolutionSpec:
 
 
 SHARED_PINS: tuple[Pin, ...] = (
-    Pin("sglang.srt.runtime_context.RuntimeContext.server_args", "src:50f805e5f871",
+    Pin("sglang.srt.runtime_context.RuntimeContext.server_args", "src:b6e3df2aa4da",
         "state.settings(): ValueError while no ServerArgs is published"),
 )
 """Upstream code every feature relies on (a change turns them all off)."""

@@ -43,5 +43,5 @@ def add_gate_table(result: Any, *args: Any, **kwargs: Any) -> None:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(GET_INTERNAL_STATE, add_gate_table, "after",
              "--overlap-gating auto: expose the learned step-time table over HTTP",
-             "src:3135852beceb", feature="gate"),
+             "src:be92c976c9e2", feature="gate"),
 )

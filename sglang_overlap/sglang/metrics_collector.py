@@ -165,5 +165,5 @@ def export(result: Any, collector: Any, *args: Any, **kwargs: Any) -> None:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(LOG_STATS, export, "after",
              "--enable-metrics: the plugin's counters and gate table beside SGLang's own series",
-             "src:3f7170b36da0", feature="metrics"),
+             "src:ddc680185611", feature="metrics"),
 )

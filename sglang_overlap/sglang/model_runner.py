@@ -78,8 +78,8 @@ def _timed(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(INITIALIZE, start_selector, "after",
              "--overlap-gating auto: build the mode selector at start-up (refusals then)",
-             "src:c5e95ff467d8", feature="gate"),
+             "src:4bbf5629ab71", feature="gate"),
     HookSpec(FORWARD, timed_forward, "around",
              "--overlap-gating auto: time each selected step (the selector learns from it)",
-             "src:8cd4e4df5a61", feature="gate"),
+             "src:a3842a28ccc0", feature="gate"),
 )

@@ -59,5 +59,5 @@ def _with_sbo_refusal_lifted(orig: Any, *args: Any, **kwargs: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(INITIALIZE_MOE_CONFIG, initialize_moe_config, "around",
              "choose the SBO path once per process; lift the SM90 refusal only when one exists",
-             "src:1aec2bdc280a", feature="sbo"),
+             "src:b3bc305c9370", feature="sbo"),
 )

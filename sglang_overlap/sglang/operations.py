@@ -28,5 +28,5 @@ def execute_overlapped_operations(orig: Any, inputs_arr: Any, operations_arr: An
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(EXECUTE_OVERLAPPED, execute_overlapped_operations, "around",
              "mark the TBO step (no SBO inside it) around upstream's interleaved executor",
-             "src:e83e19acd8c1", feature="tbo"),
+             "src:e7cadc78490e", feature="tbo"),
 )

@@ -38,6 +38,6 @@ def prefill_strategy(orig: Any, layer: Any) -> Any:
 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(PREFILL_STRATEGY, prefill_strategy, "around",
-             "CPU: the prefill TBO strategy asks CUDA for SMs", "src:f4ec31baaf5d",
+             "CPU: the prefill TBO strategy asks CUDA for SMs", "src:fdbf3fdde058",
              feature="tbo", cpu_only=True),
 )

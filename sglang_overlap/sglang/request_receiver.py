@@ -48,5 +48,5 @@ def broadcast_reqs(orig: Any, self: Any, recv_reqs: Any, local_reqs: Any = None)
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(BROADCAST_REQS, broadcast_reqs, "around",
              "--overlap-gating auto: the TP leader's step times ride the request broadcast",
-             "src:669502c0db90", feature="gate"),
+             "src:5a828ff98b44", feature="gate"),
 )

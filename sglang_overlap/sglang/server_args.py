@@ -220,17 +220,17 @@ def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(ADD_CLI_ARGS, _after_add_cli_args, "after",
              "add the plugin's flags (and its a2a backend choice) to SGLang's parser",
-             "src:bc6a5b60874c", feature="args"),
+             "src:25ec4221e026", feature="args"),
     HookSpec(FROM_CLI_ARGS, _after_from_cli_args, "after",
              "validate the plugin's flags and carry them to every process on the record",
-             "src:722947880991", feature="args"),
+             "src:3a4e3110ef2d", feature="args"),
     HookSpec(RESOLVE_ONCE, _before_resolve_once, "before",
              "refuse overlap flags of a feature the guard turned off in the Engine API too",
-             "src:14138923d83c", feature="args"),
+             "src:cea6e91ef921", feature="args"),
 )
 
 RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
-    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:38374a6d1ee5",
+    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:93b7e3ef5636",
                    "torch_a2a"),
 )
 

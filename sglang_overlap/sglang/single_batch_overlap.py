@@ -76,8 +76,8 @@ def compute_overlap_args(orig: Any, dispatch_output: Any, alt_stream: Any) -> An
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(SBO_DOWN_GEMM_FLAG, down_gemm_flag, "around",
              "down-GEMM/combine overlap only when the chosen path has a signal GEMM and form",
-             "src:f0a7f09e18b7", feature="sbo"),
+             "src:e69ed28837be", feature="sbo"),
     HookSpec(COMPUTE_OVERLAP_ARGS, compute_overlap_args, "around",
              "lay the signal out for the plugin's signal GEMM (per expert or per block)",
-             "src:41efed59978a", feature="sbo"),
+             "src:b81cb364ab27", feature="sbo"),
 )

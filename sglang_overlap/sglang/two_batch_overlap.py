@@ -139,14 +139,14 @@ def two_chunk_hook(orig: Any, *args: Any, **kwargs: Any) -> bool:
 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(SPLIT_SEQ_INDEX, split_seq_index_hook, "around",
-             "the TBO split index comes from planning.plan_two_batch", "src:f1b0520b2dd3",
+             "the TBO split index comes from planning.plan_two_batch", "src:f1f807e45e6d",
              feature="tbo"),
     HookSpec(SPLIT_TOKEN_INDEX, split_token_index_hook, "around",
-             "the TBO token index comes from the same plan", "src:a1e80ab0e6ae", feature="tbo"),
+             "the TBO token index comes from the same plan", "src:d3ac7cbb814e", feature="tbo"),
     HookSpec(TWO_CHUNK_ENABLED, two_chunk_hook, "around",
-             "the two-chunk decision comes from the same plan", "src:00a500d6fc9f",
+             "the two-chunk decision comes from the same plan", "src:467bc0aa49e6",
              feature="tbo"),
     HookSpec(PREPARE_RAW, _count_tbo_step, "after",
-             "count TBO / two-chunk steps (evidence in the server log)", "src:761b0d0fb797",
+             "count TBO / two-chunk steps (evidence in the server log)", "src:7f7e765312cf",
              feature="tbo"),
 )

@@ -4,8 +4,10 @@ and that feature's flags are refused, on the command line and in the Engine API 
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -264,3 +266,53 @@ def test_no_drift_installs_every_hook() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     want = sorted(s.target for s in hooks.all_specs())
     assert f"SERVED True {want}" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_the_digest_ignores_fields_a_python_version_leaves_empty() -> None:
+    # 3.12 adds `type_params=[]` to every definition and 3.13's ast.dump drops empty fields: an
+    # empty or absent field must not change a pin
+    full = ast.Call(func=ast.Name(id="f", ctx=ast.Load()), args=[], keywords=[])
+    bare = ast.Call(func=ast.Name(id="f", ctx=ast.Load()))
+    assert guard._canonical(full) == guard._canonical(bare) == "Call(func=Name(id='f', ctx=Load()))"
+    with_arg = ast.Call(func=ast.Name(id="f", ctx=ast.Load()), args=[ast.Constant(0)], keywords=[])
+    assert guard._canonical(with_arg) != guard._canonical(full)
+    assert guard._canonical(ast.Constant(None)) == "Constant()"  # a None value is left out too
+
+
+PIN_CHECK = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from sglang_overlap.sglang import guard, hooks
+guard._sglang_dir = lambda: Path(sys.argv[2])
+pins = [p for s in (*hooks.all_specs(), *hooks.resolution_specs()) for p in s.pins()]
+src = guard._Sources(Path(sys.argv[2]))
+for p in (*pins, *hooks.SHARED_PINS):
+    print(p.target, guard.fingerprint(src, p.target) == p.fingerprint)
+"""
+
+
+def _other_pythons() -> list[str]:
+    import glob
+    import shutil
+
+    found = {shutil.which(f"python3.{m}") for m in (12, 13)}  # pyenv's shims do not run
+    found |= set(glob.glob("/root/.pyenv/versions/3.1[23].*/bin/python3"))
+    return sorted(p for p in found if p and "/shims/" not in p and p != sys.executable)
+
+
+@pytest.mark.skipif(not _other_pythons(), reason="no Python 3.12/3.13 on this machine")
+def test_every_pin_reads_the_same_on_python_312_and_313() -> None:
+    """The pins hold for sglang 0.5.23 read by another Python: on 3.12 the old ast.dump digest
+    turned the whole plugin off (seen on the GPU machine's Python 3.12)."""
+    import subprocess
+
+    root = guard._sglang_dir()
+    assert root is not None
+    repo = str(Path(guard.__file__).resolve().parents[2])
+    for python in _other_pythons():
+        out = subprocess.run([python, "-c", PIN_CHECK, repo, str(root)], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        rows = [line.rsplit(" ", 1) for line in out.stdout.splitlines()]
+        assert len(rows) >= 30 and all(ok == "True" for _, ok in rows), (python, rows)
