@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_overlap.kernels import down_gemm
+from sglang_overlap.kernels import down_gemm, gpu_tables
 from sglang_overlap.kernels.down_gemm import (
     DEEPGEMM_CAPACITY_ALIGN,
     choose_signal_path,
@@ -23,6 +23,15 @@ from sglang_overlap.kernels.signal_fused import default_config
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 STANDIN_DEEP_GEMM = Path(__file__).resolve().parents[1] / "kit" / "standins" / "deep_gemm"
+
+
+@pytest.fixture(autouse=True)
+def h200_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The expectations below are the H200's tables (producer-H200.json), whatever GPU runs."""
+    monkeypatch.setenv(gpu_tables.TABLE_ENV, "H200")
+    gpu_tables.reset()
+    yield
+    gpu_tables.reset()
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +63,7 @@ dg_available = pytest.mark.dg_available
     ],
 )
 def test_choose_signal_path_table(experts: int, m: int, want: tuple[str, int, int]) -> None:
-    # the H200 measurements behind each row are in choose_signal_path's docstring
+    # the H200 measurements behind each row: producer-H200.json, fallback.provenance
     plan = choose_signal_path(experts, m, capacity=256)
     assert (plan.path, plan.slice_experts, plan.streams) == want, f"{experts=} {m=} {plan=}"
     assert plan.why
@@ -198,10 +207,12 @@ def test_probe_result_is_cached_and_logged_once(monkeypatch: pytest.MonkeyPatch,
     assert len(lines) == (1 if why else 0)
 
 
-def test_served_tiles_are_legal_configs() -> None:
-    for tiles in down_gemm.DG_SIGNAL_TILES.values():
-        for block_m, block_n in tiles:
-            DgSignalConfig(block_m, block_n, 4)  # raises on an illegal tile
+def test_a_multicast_tile_drops_multicast_where_it_cannot_launch() -> None:
+    cfg = DgSignalConfig(64, 112, 9, store_warp=True, multicast=2, multicast_on_a=True)
+    assert down_gemm.launchable(cfg, 7168, 128) is cfg  # 64 n tiles, even SMs
+    single = DgSignalConfig(64, 112, 9, store_warp=True)
+    assert down_gemm.launchable(cfg, 6144, 128) == single  # 55 n tiles
+    assert down_gemm.launchable(cfg, 7168, 129) == single
 
 
 @pytest.fixture
