@@ -46,15 +46,16 @@ def test_targets_need_deepgemms_own_launch_as_the_base() -> None:
 
 
 def test_the_table_has_the_best_tile_beside_the_served_producer() -> None:
-    text = bench.table([row(64, 1.0, 0.999, 30.0), {"E": 8, "C": 64, "rows": 32,
-                                                    "error": "boom"}], 3.0, "header")
+    text = bench.table([{**row(64, 1.0, 0.999, 30.0), "dg_diff": 2e-7},
+                        {"E": 8, "C": 64, "rows": 32, "error": "boom"}], 3.0, "header")
     lines = text.splitlines()
     assert lines[0] == "header" and "3.00 TB/s" in lines[2]
     head, rule, first, failed = lines[4:8]
     assert "| base | base us | best tile us | / base | served us | / base |" in head
     assert head.count("|") == rule.count("|") == first.count("|")
     assert "| 8 | 64 | 64 | dg | 30.0 | 29.0 | 0.970 | 30.0 | 1.000 |" in first
-    assert first.endswith("| 100 / 100 | met | ok |") and "error: boom" in failed
+    assert first.endswith("| 100 / 100 | met | ok (DG calc_diff 2e-07) |")
+    assert "error: boom" in failed
 
 
 def test_an_earlier_run_renders_from_its_json(capsys: pytest.CaptureFixture[str]) -> None:
