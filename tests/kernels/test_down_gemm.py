@@ -258,3 +258,43 @@ def test_off_cuda_the_sliced_producer_computes_and_raises_every_unit(
     for x, rows in enumerate(masked_m.tolist()):
         assert torch.equal(out[x, :rows], a_deq[x, :rows] @ b_deq[x].T), x
         assert out[x, rows:].eq(9.0).all(), x  # rows past masked_m untouched
+
+
+def test_the_layouts_config_drops_multicast_its_n_tiles_cannot_pair() -> None:
+    plan = down_gemm.SignalPlan("deepgemm", dg_config=DgSignalConfig(64, 112, 9, store_warp=True,
+                                                                     multicast=2))
+
+    def layout(hidden: int) -> object:
+        return plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=112,
+                               hidden=hidden, num_sms=132, comm_num_sms=4, granularity="block")
+    assert dg_config_for_layout(plan, layout(7168), 2048) == plan.dg_config  # 64 n tiles
+    cfg = dg_config_for_layout(plan, layout(6144), 2048)  # 55 n tiles: no pairs
+    assert cfg == DgSignalConfig(64, 112, 9, store_warp=True)
+
+
+@pytest.mark.parametrize(("sms", "multicast"), [(None, 2), (127, 1)])
+def test_the_launch_drops_multicast_on_an_odd_sm_count(monkeypatch: pytest.MonkeyPatch,
+                                                       sms: int | None, multicast: int) -> None:
+    """signal_down_gemm's own SM count (`compute_num_sms`) may differ from the layout's: the
+    config it launches must still be launchable there. The launch itself needs CUDA, so it is
+    recorded, not run; the operands only need their shapes and a CUDA device type."""
+    from types import SimpleNamespace
+
+    from sglang_overlap.kernels import signal_deepgemm
+
+    launched: list[tuple[DgSignalConfig, int]] = []
+    monkeypatch.setattr(signal_deepgemm, "masked_gemm_signal",
+                        lambda *a, config, num_sms, **kw: launched.append((config, num_sms)))
+    cuda = SimpleNamespace(type="cuda")
+    a = SimpleNamespace(device=cuda, shape=(4, 128, 2048))
+    b = SimpleNamespace(device=cuda, shape=(4, 7168, 2048))
+    lay = plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=112,
+                          hidden=7168, num_sms=132, comm_num_sms=4, granularity="block")
+    plan = down_gemm.SignalPlan("deepgemm", dg_config=DgSignalConfig(64, 112, 9, store_warp=True,
+                                                                     multicast=2))
+    scale = torch.ones(1)
+    ran = down_gemm.signal_down_gemm(a, scale, b, scale, None, None, 64,  # type: ignore[arg-type]
+                                     signal=None, layout=lay,  # type: ignore[arg-type]
+                                     compute_num_sms=sms, plan=plan)
+    assert ran.path == "deepgemm" and launched == [(ran.dg_config, sms or 128)]
+    assert launched[0][0].multicast == multicast
