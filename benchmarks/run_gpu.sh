@@ -174,7 +174,8 @@ import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/imp
   done
   (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
   gpu=$(python3 -c "from sglang_overlap.kernels.gpu_tables import device_gpu as g; print(g())")
-  python3 benchmarks/tune_producer.py --show "sglang_overlap/profiles/producer-$gpu.json" \
+  [ -f "sglang_overlap/profiles/producer-$gpu.json" ] && python3 benchmarks/tune_producer.py \
+    --show "sglang_overlap/profiles/producer-$gpu.json" \
     | tee "$OUT/producer_$gpu.md"
   for v in $rels; do
     echo "pytest (deep_gemm $v): $(tail -1 "$OUT/pytest_dgown_$v.txt")"
