@@ -99,7 +99,13 @@ def measure_shape(e: int, rows: int, finalists: int) -> dict:
         return fn, sig, layout
 
     runs = {cfg: launch(cfg) for cfg in candidates(cap)}
-    sweep = {cfg: graph_time_us(fn, trials=3, replays=20) for cfg, (fn, _, _) in runs.items()}
+    sweep, failed = {}, {}
+    for cfg, (fn, _, _) in runs.items():
+        try:
+            sweep[cfg] = graph_time_us(fn, trials=3, replays=20)
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is not served
+            failed[name(cfg)] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            torch.cuda.synchronize()
     order = sorted(sweep, key=sweep.__getitem__)
     plain = tiles(cap)[0]  # the reference rows: the same kernel, signals off
     out.fill_(float("nan"))
@@ -127,6 +133,7 @@ def measure_shape(e: int, rows: int, finalists: int) -> dict:
             "finalists_us": {name(c): round(t, 2) for c, t in sorted(
                 medians.items(), key=lambda x: x[1])},
             "failed_check": [name(c) for c, ok in checked.items() if not ok],
+            "failed_launch": failed,
             "sweep_us": {name(c): round(sweep[c], 2) for c in order}}
 
 
