@@ -105,7 +105,6 @@ def measure_shape(e: int, rows: int, finalists: int) -> dict:
             sweep[cfg] = graph_time_us(fn, trials=3, replays=20)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is not served
             failed[name(cfg)] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            torch.cuda.synchronize()
     order = sorted(sweep, key=sweep.__getitem__)
     plain = tiles(cap)[0]  # the reference rows: the same kernel, signals off
     out.fill_(float("nan"))
