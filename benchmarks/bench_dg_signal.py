@@ -15,7 +15,7 @@ run:
     best, expert  the same config with per-expert signals
     best store / best store, expert   the best config with the store warp
     served / served, expert   what the plugin serves for this shape (`down_gemm.dg_signal_config`:
-                the tile of DG_SIGNAL_TILES, store warp), per-block / per-expert signals
+                the tile and timing of this GPU's producer table), per-block / per-expert signals
     fused       the plugin's Triton producer (served config, per-expert signals)
     sliced      DeepGEMM launched on E/4 expert slices over two streams + signal stores
 

@@ -13,6 +13,14 @@
 #           down_gemm.signal_down_gemm (tests/gpu/test_signal_down_gemm.py), then the served
 #           producer against each BENCH_RELEASES release's own masked GEMM
 #           (benchmarks/bench_dg_releases.py)
+#     dgown  issue 35: DeepGEMM's own masked launch of sgl-deep-gemm 0.2.3.post2 / 0.2.5 (its _C.so
+#           on torch 2.11 through benchmarks/gpukit's bridge) as the baseline: wheels + bridge,
+#           DeepGEMM's JIT warm-up, benchmarks/tune_producer.py (writes this GPU's
+#           sglang_overlap/profiles/producer-<GPU>.json, copied to $OUT), the producer's GPU tests
+#           per release (tests/gpu/test_dg_own_launch.py + test_signal_down_gemm.py), then
+#           benchmarks/bench_dg_releases.py per release alone on the GPU; tables last.
+#           Knobs: DGOWN_RELEASES, DGOWN_TUNE=0 (keep the shipped table), DGOWN_SHAPES (ExCxROWS,..),
+#           DGOWN_K (pytest -k, default "not sliced"), DGOWN_SKIP (bench variants, default sliced)
 #     graphsets  decode graph sets per overlap mode (none / TBO / SBO) on a stack of MoE layers:
 #           capture time and memory against one set, replay times, the mode selector over a
 #           decode trace on those replays (benchmarks/bench_graph_sets.py; GRAPH_ARGS, GRAPH_TREE)
@@ -56,7 +64,8 @@ install_dg() {  # install_dg VERSION TARGET: that sgl-deep-gemm wheel (+ apache-
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$2" "$WHEELS"/sgl_deep_gemm-"$1"-*.whl $(ls "$WHEELS"/apache_tvm_ffi-*.whl 2>/dev/null)
 }
-if compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null && [ "$MODE" != releases ]; then
+if compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null && [ "$MODE" != releases ] \
+    && [ "$MODE" != dgown ]; then
   install_dg "$DG_VERSION" /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
@@ -112,6 +121,75 @@ if [ "$MODE" = releases ]; then
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   echo "[$(date +%T)] run_gpu.sh releases exit $rc"
+  exit $rc
+fi
+if [ "$MODE" = dgown ]; then
+  rc=0; T0=$SECONDS; rels=${DGOWN_RELEASES:-0.2.3.post2 0.2.5}; tune_rel=${rels%% *}
+  at() { echo "[$(date +%T) +$((SECONDS - T0))s] $*"; }
+  [ -d /opt/gcc/bin ] && export PATH=/usr/local/cuda/bin:/opt/gcc/bin:$PATH
+  export SGLANG_OVERLAP_TORCH_BRIDGE=/tmp/sgo-bridge/libtorch_bridge.so; mkdir -p /tmp/sgo-bridge
+  python3 benchmarks/gpukit/bridge.py build "$SGLANG_OVERLAP_TORCH_BRIDGE" > "$OUT/bridge.txt" 2>&1 &
+  for v in $rels; do install_dg "$v" "/tmp/dg-$v" & done
+  wait
+  python3 benchmarks/gpukit/bridge.py check >> "$OUT/bridge.txt" 2>&1
+  at "bridge: $(tail -1 "$OUT/bridge.txt")"
+  pids=()
+  for v in $rels; do  # import check, then DeepGEMM's own JIT for every benchmark/test shape
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+      python3 -c "import torch; from benchmarks.gpukit.bridge import load_if_needed as l; print(l())
+import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/import_$v.txt" 2>&1
+      timeout 150 python3 benchmarks/bench_dg_releases.py --warm-dg --workers 8 \
+        ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/warm_$v.log" 2>&1 ) & pids+=($!)
+  done
+  PYTHONPATH=/tmp/dg-$tune_rel:$ROOT python3 benchmarks/tune_producer.py --compile-only \
+    --workers 16 > "$OUT/compile_tune.log" 2>&1 || rc=1
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for v in $rels; do at "deep_gemm $v: $(tail -qn1 "$OUT/import_$v.txt"); warm-up log: $(
+    grep -c -i error "$OUT/warm_$v.log") error lines"; done
+  at "tuner cubins: $(tail -1 "$OUT/compile_tune.log")"
+  if [ "${DGOWN_TUNE:-1}" = 1 ]; then  # alone on the GPU
+    PYTHONPATH=/tmp/dg-$tune_rel:$ROOT timeout 200 python3 benchmarks/tune_producer.py \
+      --raw "$OUT/tune_raw.json" > "$OUT/tune.log" 2>&1 || rc=1
+    cp sglang_overlap/profiles/producer-*.json "$OUT/"
+    at "tuner: $(tail -1 "$OUT/tune.log")"
+  fi
+  pids=()
+  for v in $rels; do  # the launches of the table now served: nvcc what is not cached
+    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+      --with-tests --workers 8 ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} \
+      > "$OUT/compile_$v.log" 2>&1 & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  at "compiled: $(tail -qn1 "$OUT"/compile_0.2*.log | tr '\n' ' ')"
+  pids=()
+  for v in $rels; do  # the producer's GPU tests, the releases side by side
+    PYTHONPATH=/tmp/dg-$v:$ROOT SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_REQUIRE_DGOWN=1 \
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -k "${DGOWN_K:-not sliced}" \
+      tests/gpu/test_dg_own_launch.py tests/gpu/test_signal_down_gemm.py \
+      > "$OUT/pytest_dgown_$v.txt" 2>&1 & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  at "tests done"
+  for v in $rels; do  # the benchmark, one release at a time, alone on the GPU
+    r=0; PYTHONPATH=/tmp/dg-$v:$ROOT timeout 240 python3 benchmarks/bench_dg_releases.py \
+      --skip "${DGOWN_SKIP-sliced}" --json "$OUT/dgown_$v.json" \
+      ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/dgown_$v.log" 2>&1 || r=$?
+    [ $r = 0 ] || rc=1; at "benchmark $v: exit $r, $(grep -c '^{' "$OUT/dgown_$v.log") shapes"
+  done
+  (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
+  gpu=$(python3 -c "from sglang_overlap.kernels.gpu_tables import device_gpu as g; print(g())")
+  [ -f "sglang_overlap/profiles/producer-$gpu.json" ] && python3 benchmarks/tune_producer.py \
+    --show "sglang_overlap/profiles/producer-$gpu.json" \
+    | tee "$OUT/producer_$gpu.md"
+  for v in $rels; do
+    echo "pytest (deep_gemm $v): $(tail -1 "$OUT/pytest_dgown_$v.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_dgown_$v.txt" | head -20
+  done
+  for v in $rels; do
+    [ -f "$OUT/dgown_$v.json" ] && python3 benchmarks/bench_dg_releases.py --table-from \
+      "$OUT/dgown_$v.json" | tee "$OUT/dgown_$v.md"
+  done
+  at "run_gpu.sh dgown exit $rc"
   exit $rc
 fi
 tree_list=()

@@ -12,8 +12,9 @@ runs. Three producers, one module each, named by `SignalPlan.path`:
 
 `choose_signal_path` picks one per shape; the layout functions here are the single place the
 signal buffer of a served down GEMM is laid out, with the chosen producer's tiles;
-`signal_down_gemm` runs it. Measurements behind the choices: benchmarks/results/h200_dg_signal.md,
-h200_signal_gemm.md, h200_padded_gemm.md, h200_sbo_layer.md.
+`signal_down_gemm` runs it. The tiles, signal timing and fallback choices are data per GPU
+(`sglang_overlap/profiles/producer-<GPU>.json`, read by `kernels.gpu_tables`; each table says
+where and on which release it was measured); this module holds the rules.
 
 Legend: E local experts, C capacity rows per expert, K = moe intermediate, N = hidden.
 """
@@ -22,7 +23,7 @@ Legend: E local experts, C capacity rows per expert, K = moe intermediate, N = h
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -34,6 +35,7 @@ from sglang_overlap.kernels.combine_overlap import (
     check_layout_for_combine,
     combine_send_num_sms,
 )
+from sglang_overlap.kernels.gpu_tables import producer_tables
 from sglang_overlap.kernels.signal_deepgemm import (
     DgSignalConfig,
     DgSignalError,
@@ -55,17 +57,6 @@ log = logging.getLogger(__name__)
 # 0.1.4.post1, benchmarks/results/h200_signal_gemm.md): DeepGEMM runs only where the capacity is
 # a multiple of this.
 DEEPGEMM_CAPACITY_ALIGN = 64
-
-# The patched DeepGEMM producer's tile (block_m, block_n) per local-expert bucket and rows per
-# expert: the fastest of the H200 sweep with per-block signals (benchmarks/results/
-# h200_dg_signal.md).
-# Buckets: E <= 8, <= 16, more; rows <= 64, <= 128, more.
-DG_SIGNAL_TILES: dict[int, tuple[tuple[int, int], tuple[int, int], tuple[int, int]]] = {
-    8: ((64, 160), (128, 160), (128, 192)),
-    16: ((64, 128), (128, 128), (128, 160)),
-    32: ((64, 160), (128, 160), (128, 192)),
-}
-
 
 @dataclass(frozen=True)
 class SignalPlan:
@@ -107,16 +98,24 @@ def _deepgemm_signal_failed(exc: Exception) -> None:
 
 def dg_signal_config(num_local_experts: int, expected_m: int, capacity: int,
                      k: int = 2048) -> DgSignalConfig:
-    """The patched kernel's served config for this shape: the tile of `DG_SIGNAL_TILES` (128-row
-    tiles only where they divide the capacity) with the most stages that fit, signals raised by
-    the store warp (`DgSignalConfig.store_warp`, the fastest timing in
-    benchmarks/results/h200_dg_signal.md)."""
-    bucket = 8 if num_local_experts <= 8 else 16 if num_local_experts <= 16 else 32
-    small, mid, large = DG_SIGNAL_TILES[bucket]
-    block_m, block_n = small if expected_m <= 64 else mid if expected_m <= 128 else large
-    if capacity % block_m:
-        block_m = 64
-    return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k), store_warp=True)
+    """The patched kernel's served config for this shape: this GPU's `dg_tiles` bucket
+    (`gpu_tables.producer_tables`): its tile, TMA multicast and signal timing, block_m 64 where
+    128-row tiles do not divide the capacity, the most stages that fit K."""
+    tile = producer_tables().dg_tile(num_local_experts, expected_m)
+    block_m = tile.block_m if capacity % tile.block_m == 0 else 64
+    return DgSignalConfig(block_m, tile.block_n, max_stages(block_m, tile.block_n, k),
+                          eager=tile.signal == "eager", store_warp=tile.signal == "store_warp",
+                          multicast=tile.multicast, multicast_on_a=tile.multicast_on_a)
+
+
+def launchable(config: DgSignalConfig, n: int, num_sms: int) -> DgSignalConfig:
+    """`config`, without TMA multicast where it cannot launch (an odd SM count, or an odd number
+    of n tiles at this N): the table's tile was measured at one N and SM count."""
+    try:
+        config.check_launch(n, num_sms)
+    except ValueError:
+        return replace(config, multicast=1, multicast_on_a=False)
+    return config
 
 
 def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSignalConfig | None:
@@ -133,40 +132,35 @@ def dg_config_for_layout(plan: SignalPlan, layout: SboLayout, k: int) -> DgSigna
             or layout.capacity % block_m):
         return None
     if (block_m, block_n) == (plan.dg_config.block_m, plan.dg_config.block_n):
-        return plan.dg_config
+        return launchable(plan.dg_config, layout.hidden, layout.compute_num_sms)
     return DgSignalConfig(block_m, block_n, max_stages(block_m, block_n, k),
                           eager=plan.dg_config.eager, store_warp=plan.dg_config.store_warp)
 
 
 def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -> SignalPlan:
     """The signal-emitting down GEMM for this shape (DeepSeek-V3 down projection, N 7168,
-    K 2048), by the H200 tables (benchmarks/results/h200_dg_signal.md, h200_signal_gemm.md,
-    h200_padded_gemm.md, h200_sbo_layer.md):
+    K 2048):
 
     - deepgemm wherever it can run (a covered deep_gemm release, nvcc, capacity a multiple of
-      64): the fastest producer at every measured shape;
-    - otherwise fused for E < 16 at <= 64 rows in an unpadded buffer; DeepGEMM slices in a
-      padded buffer (the fused kernel pays for empty row blocks there), on one stream in E/2
-      (E <= 16) or E/4 slices at >= 256 rows, else E/4 slices on two streams;
-    - fused for capacities DeepGEMM mis-computes (`DEEPGEMM_CAPACITY_ALIGN`)."""
+      64): the fastest producer at every shape measured (benchmarks/results/h200_dg_signal.md,
+      h100_dg_releases.md), with this GPU's `dg_tiles`;
+    - fused for capacities DeepGEMM mis-computes (`DEEPGEMM_CAPACITY_ALIGN`);
+    - otherwise this GPU's `fallback` table: fused or DeepGEMM slices (E / slice_div experts
+      per launch, on 1 or 2 streams) by E, rows and whether the buffer is padded past the rows."""
     e = num_local_experts
+    tables = producer_tables()
     if capacity % DEEPGEMM_CAPACITY_ALIGN == 0 and deepgemm_signal_unavailable() is None:
-        return SignalPlan("deepgemm", why="H200: DeepGEMM's kernel with the signal patch is the "
-                          "fastest producer at every measured shape",
+        return SignalPlan("deepgemm", why=f"{tables.gpu}: DeepGEMM's kernel with the signal patch "
+                          "is the fastest producer at every measured shape",
                           dg_config=dg_signal_config(e, expected_m, capacity))
     if capacity % DEEPGEMM_CAPACITY_ALIGN:
         return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
                           f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM mis-computes it)")
-    if expected_m >= 256:
-        return SignalPlan("sliced", max(1, e // 2 if e <= 16 else e // 4), 1,
-                          why="H200: one-stream slices fastest at >= 256 rows")
-    if e < 16 and expected_m <= 64:
-        if capacity <= DEEPGEMM_CAPACITY_ALIGN:
-            return SignalPlan("fused", why="H200: fused fastest for E < 16 at <= 64 rows")
-        return SignalPlan("sliced", max(1, e // 4), 2,
-                          why=f"H200: capacity {capacity} is padded past {expected_m} rows; "
-                          "the fused kernel pays for empty blocks, DeepGEMM slices do not")
-    return SignalPlan("sliced", max(1, e // 4), 2, why="H200: E/4 slices on two streams fastest")
+    choice = tables.fallback_choice(e, expected_m, capacity)
+    why = f"{tables.gpu}: {choice.why} (E {e}, {expected_m} rows, capacity {capacity})"
+    if choice.path == "fused":
+        return SignalPlan("fused", why=why)
+    return SignalPlan("sliced", max(1, e // choice.slice_div), choice.streams, why=why)
 
 
 def plan_tiles(plan: SignalPlan, expected_m: int, granularity: Granularity) -> tuple[int, int]:
@@ -296,6 +290,7 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         config = dg_config_for_layout(plan, layout, a.shape[2])
         try:
             if config is not None:
+                config = launchable(config, b.shape[1], sms)
                 signal_deepgemm.masked_gemm_signal(a, a_scale, b, b_scale, out, masked_m,
                                                    config=config, num_sms=sms, signal=signal,
                                                    layout=layout)

@@ -56,12 +56,14 @@ class SignalGemmConfig:
 
 
 def default_config(expected_m: int) -> SignalGemmConfig:
-    """Tile choice by the expected rows per expert, from the H200 sweep (benchmarks/gpu_suite.py,
-    2026-12-02): up to 64 rows the GEMM is memory-bound and 8 warps on 64 x 128 tiles, two
-    persistent programs per SM, came out fastest at every shape (and finish experts in order)."""
-    if expected_m <= 64:
-        return SignalGemmConfig(block_m=64, block_n=128, num_warps=8, num_stages=4, ctas_per_sm=2)
-    return SignalGemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, ctas_per_sm=1)
+    """The served launch for `expected_m` rows per expert: this GPU's `fused` table
+    (`gpu_tables.producer_tables`; e.g. on the H200 up to 64 rows 8 warps on 64 x 128 tiles,
+    two persistent programs per SM: memory-bound, and experts finish in order)."""
+    from sglang_overlap.kernels.gpu_tables import producer_tables
+
+    tile = producer_tables().fused_tile(expected_m)
+    return SignalGemmConfig(block_m=tile.block_m, block_n=tile.block_n, num_warps=tile.num_warps,
+                            num_stages=tile.num_stages, ctas_per_sm=tile.ctas_per_sm)
 
 
 _KERNELS: dict[str, Any] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_overlap.kernels import down_gemm
+from sglang_overlap.kernels import down_gemm, gpu_tables
 from sglang_overlap.kernels.down_gemm import (
     DEEPGEMM_CAPACITY_ALIGN,
     choose_signal_path,
@@ -23,6 +23,15 @@ from sglang_overlap.kernels.signal_fused import default_config
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 
 STANDIN_DEEP_GEMM = Path(__file__).resolve().parents[1] / "kit" / "standins" / "deep_gemm"
+
+
+@pytest.fixture(autouse=True)
+def h200_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The expectations below are the H200's tables (producer-H200.json), whatever GPU runs."""
+    monkeypatch.setenv(gpu_tables.TABLE_ENV, "H200")
+    gpu_tables.reset()
+    yield
+    gpu_tables.reset()
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +63,7 @@ dg_available = pytest.mark.dg_available
     ],
 )
 def test_choose_signal_path_table(experts: int, m: int, want: tuple[str, int, int]) -> None:
-    # the H200 measurements behind each row are in choose_signal_path's docstring
+    # the H200 measurements behind each row: producer-H200.json, fallback.provenance
     plan = choose_signal_path(experts, m, capacity=256)
     assert (plan.path, plan.slice_experts, plan.streams) == want, f"{experts=} {m=} {plan=}"
     assert plan.why
@@ -198,10 +207,12 @@ def test_probe_result_is_cached_and_logged_once(monkeypatch: pytest.MonkeyPatch,
     assert len(lines) == (1 if why else 0)
 
 
-def test_served_tiles_are_legal_configs() -> None:
-    for tiles in down_gemm.DG_SIGNAL_TILES.values():
-        for block_m, block_n in tiles:
-            DgSignalConfig(block_m, block_n, 4)  # raises on an illegal tile
+def test_a_multicast_tile_drops_multicast_where_it_cannot_launch() -> None:
+    cfg = DgSignalConfig(64, 112, 9, store_warp=True, multicast=2, multicast_on_a=True)
+    assert down_gemm.launchable(cfg, 7168, 128) is cfg  # 64 n tiles, even SMs
+    single = DgSignalConfig(64, 112, 9, store_warp=True)
+    assert down_gemm.launchable(cfg, 6144, 128) == single  # 55 n tiles
+    assert down_gemm.launchable(cfg, 7168, 129) == single
 
 
 @pytest.fixture
@@ -247,3 +258,43 @@ def test_off_cuda_the_sliced_producer_computes_and_raises_every_unit(
     for x, rows in enumerate(masked_m.tolist()):
         assert torch.equal(out[x, :rows], a_deq[x, :rows] @ b_deq[x].T), x
         assert out[x, rows:].eq(9.0).all(), x  # rows past masked_m untouched
+
+
+def test_the_layouts_config_drops_multicast_its_n_tiles_cannot_pair() -> None:
+    plan = down_gemm.SignalPlan("deepgemm", dg_config=DgSignalConfig(64, 112, 9, store_warp=True,
+                                                                     multicast=2))
+
+    def layout(hidden: int) -> object:
+        return plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=112,
+                               hidden=hidden, num_sms=132, comm_num_sms=4, granularity="block")
+    assert dg_config_for_layout(plan, layout(7168), 2048) == plan.dg_config  # 64 n tiles
+    cfg = dg_config_for_layout(plan, layout(6144), 2048)  # 55 n tiles: no pairs
+    assert cfg == DgSignalConfig(64, 112, 9, store_warp=True)
+
+
+@pytest.mark.parametrize(("sms", "multicast"), [(None, 2), (127, 1)])
+def test_the_launch_drops_multicast_on_an_odd_sm_count(monkeypatch: pytest.MonkeyPatch,
+                                                       sms: int | None, multicast: int) -> None:
+    """signal_down_gemm's own SM count (`compute_num_sms`) may differ from the layout's: the
+    config it launches must still be launchable there. The launch itself needs CUDA, so it is
+    recorded, not run; the operands only need their shapes and a CUDA device type."""
+    from types import SimpleNamespace
+
+    from sglang_overlap.kernels import signal_deepgemm
+
+    launched: list[tuple[DgSignalConfig, int]] = []
+    monkeypatch.setattr(signal_deepgemm, "masked_gemm_signal",
+                        lambda *a, config, num_sms, **kw: launched.append((config, num_sms)))
+    cuda = SimpleNamespace(type="cuda")
+    a = SimpleNamespace(device=cuda, shape=(4, 128, 2048))
+    b = SimpleNamespace(device=cuda, shape=(4, 7168, 2048))
+    lay = plan_sbo_layout(num_local_experts=4, capacity=128, block_m=64, block_n=112,
+                          hidden=7168, num_sms=132, comm_num_sms=4, granularity="block")
+    plan = down_gemm.SignalPlan("deepgemm", dg_config=DgSignalConfig(64, 112, 9, store_warp=True,
+                                                                     multicast=2))
+    scale = torch.ones(1)
+    ran = down_gemm.signal_down_gemm(a, scale, b, scale, None, None, 64,  # type: ignore[arg-type]
+                                     signal=None, layout=lay,  # type: ignore[arg-type]
+                                     compute_num_sms=sms, plan=plan)
+    assert ran.path == "deepgemm" and launched == [(ran.dg_config, sms or 128)]
+    assert launched[0][0].multicast == multicast
