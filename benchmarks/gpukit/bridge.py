@@ -5,17 +5,27 @@
 
 In a process: `import torch` first, then `load_if_needed()` (the `.so` named by
 SGLANG_OVERLAP_TORCH_BRIDGE), then `import deep_gemm`. Benchmark and GPU-harness use only.
+
+Loading it also installs an import hook (`RemapAfterImport`): once `deep_gemm` or `sgl_kernel`
+has been imported, `bridge_remap_cuda` gives their ops CUDA kernels. Built against torch 2.14,
+whose dispatch keys sit one below 2.11's (2.14 dropped `Named`), they registered their CUDA
+kernels on 2.11's CPU key ("Could not run 'deep_gemm::...' with arguments from the 'CUDA'
+backend"). What the remap cannot mend: code inlined from 2.14's headers that reads TensorImpl's
+bit fields, whose layout changed too (sgl_kernel's `input.is_cuda()` checks read false).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
+import importlib.machinery
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).resolve().parent / "torch_bridge.cpp"
 BRIDGE_ENV = "SGLANG_OVERLAP_TORCH_BRIDGE"
@@ -79,8 +89,46 @@ def load_if_needed(path: str | None = None) -> str:
         return (f"torch {torch.__version__} lacks {len(missing)} symbols deep_gemm 0.2.x "
                 f"imports and no bridge is built ({BRIDGE_ENV}={path!r}): its _C.so will not "
                 "load")
-    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    install(path)
     return f"torch {torch.__version__} lacks {len(missing)} symbols: loaded {path}"
+
+
+REMAP = {"sgl_kernel": "sgl_kernel", "deep_gemm": "deep_gemm"}  # module -> op namespace
+
+
+class RemapAfterImport(importlib.abc.MetaPathFinder):
+    """After `REMAP`'s modules execute, remap their ops' CUDA kernels (module docstring)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in REMAP:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_remap(module: Any) -> None:
+            exec_module(module)
+            n = self.lib.bridge_remap_cuda(REMAP[name].encode())
+            if os.environ.get("SGLANG_SERVE_BRIDGE_VERBOSE"):
+                print(f"[bridge] {name}: {n} ops given CUDA kernels", file=sys.stderr)
+
+        spec.loader.exec_module = exec_and_remap  # type: ignore[method-assign]
+        return spec
+
+
+def install(path: str) -> ctypes.CDLL:
+    """Load the bridge at `path` RTLD_GLOBAL (after torch) and install the remapping hook."""
+    import torch  # noqa: F401  (its libraries first: the bridge links against them)
+
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    lib.bridge_remap_cuda.argtypes = [ctypes.c_char_p]
+    if not any(isinstance(f, RemapAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, RemapAfterImport(lib))
+    return lib
 
 
 def main(argv: list[str]) -> int:

@@ -38,6 +38,7 @@ g++ -shared -fPIC -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -I"$TP/include" \
   || log "bridge build failed"
 for p in "${pids[@]}"; do wait "$p" || log "unpack failed ($p)"; done
 cp benchmarks/serve/boot/sitecustomize.py "$G/site/"
+cp benchmarks/gpukit/bridge.py "$G/site/sglang_serve_bridge.py"
 trees="{"; for d in "$G"/trees/*/; do n=$(basename "$d"); trees+="\"$n\": \"${d%/}\", "; done
 export SERVE_TREES="${trees%, }}" SERVE_SITE_BASE=$G/site SERVE_SITE_PLUGIN=$G/plugin
 export SGLANG_SERVE_TORCH_BRIDGE=$G/libtorch_bridge.so SGLANG_SERVE_BRIDGE_VERBOSE=1
