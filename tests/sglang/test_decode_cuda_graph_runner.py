@@ -279,3 +279,26 @@ def test_capture_stops_at_the_first_set_that_does_not_fit(
     with pytest.raises(SettingsError, match="the none decode graph of batch size 16"):
         glue.capture_one_shape(orig, _runner(max_bs=16), 16, None)
     assert labels == ["overlap:tbo", "overlap:sbo"]  # 4 GiB free - 3 GiB < 2 GiB: no third set
+
+
+def test_the_second_set_is_checked_against_the_first_sets_cost(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    free = [10 * GIB]
+    monkeypatch.setattr(glue, "_free_bytes", lambda: free[0])
+    monkeypatch.setattr(glue, "memory_floor", lambda: 3 * GIB)
+    labels: list[str] = []
+
+    def orig(runner: Any, size: int, forward: Any) -> None:
+        labels.append(DecodeCudaGraphRunner._make_graph_key(runner, size).variant_label)
+        free[0] -= 4 * GIB
+
+    with pytest.raises(SettingsError, match="the sbo decode graph of batch size 32"):
+        glue.capture_one_shape(orig, _runner(max_bs=32), 32, None)  # 6 GiB - 4 GiB < 3 GiB
+    assert labels == ["overlap:tbo"]
+
+
+@pytest.mark.parametrize("settings", [TBO_ONLY], indirect=True)
+def test_two_graph_sets_already_need_shared_state(settings: Any) -> None:
+    with pytest.raises(SettingsError, match="FlashInferMLAAttnBackend"):
+        glue.capture_one_shape(lambda runner, size, forward: None,
+                               _runner(attn_backend=_bare(FlashInferMLAAttnBackend)), 4, None)
