@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 from sglang_overlap.settings import (
@@ -121,21 +122,51 @@ def refuse_if_off(settings: OverlapSettings, values: Any) -> None:
                             "start without it, or install a supported sglang)")
 
 
+PROG = "sglang serve"  # SGLang's parser's prog (`prepare_server_args`)
+_raising: list[bool] = []  # non-empty: parse_server_args wants the SettingsError itself
+
+
+def check_settings(settings: OverlapSettings, values: Any) -> list[str]:
+    """THE validation of the plugin's settings, the same for the command line (`sglang serve`,
+    `from_cli_args`) and the Python API (`Engine(**kwargs)` with $SGLANG_OVERLAP_ARGS,
+    `resolve_once`): a feature the version guard turned off, ranges and contradictions
+    (`settings.validate_settings`), a forced SBO path the kernels lack, a served model the
+    requested modes are not proven on. `values` is a ServerArgs or an argparse namespace.
+    Raises SettingsError naming the flags; returns the warnings."""
+    refuse_if_off(settings, values)
+    warnings = _validate(settings, server_facts(values))
+    _refuse_unavailable_sbo_path(settings, values)
+    _refuse_unsupported_model(settings, values)
+    return warnings
+
+
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
     settings = OverlapSettings.from_mapping(vars(args))
-    refuse_if_off(settings, args)
-    for warning in _validate(settings, server_facts(args)):
+    try:
+        warnings = check_settings(settings, args)
+    except SettingsError as exc:
+        if _raising:
+            raise
+        # as argparse ends a bad command line: one line on stderr, exit status 2
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        raise SystemExit(2) from None
+    for warning in warnings:
         logger.warning("sglang-overlap: %s", warning)
-    _refuse_unavailable_sbo_path(settings, args)
-    _refuse_unsupported_gated_model(settings, args)
     setattr(result, state.SETTINGS_ATTR, settings)
 
 
 def _before_resolve_once(server_args: Any, *args: Any, **kwargs: Any) -> None:
-    """A record built by `Engine(**kwargs)`: its overlap flags (upstream fields and
-    $SGLANG_OVERLAP_ARGS, which must parse) are refused like the command line's."""
-    if getattr(server_args, state.SETTINGS_ATTR, None) is None:
-        refuse_if_off(state.settings_of(server_args), server_args)
+    """A record built by `Engine(**kwargs)` (no command line): its settings (upstream fields and
+    $SGLANG_OVERLAP_ARGS, which must parse) get `check_settings`, as the command line's do, and
+    ride on the record to every process. Raises SettingsError (the Engine caller sees it)."""
+    if getattr(server_args, state.SETTINGS_ATTR, None) is not None:
+        return  # from the command line: checked in from_cli_args
+    if getattr(server_args, "_resolution_finished", False):
+        return
+    settings = state.settings_of(server_args)
+    for warning in check_settings(settings, server_args):
+        logger.warning("sglang-overlap: %s", warning)
+    setattr(server_args, state.SETTINGS_ATTR, settings)
 
 
 def hf_config_dict(model_path: str, revision: str | None = None,
@@ -160,7 +191,7 @@ def hf_config_dict(model_path: str, revision: str | None = None,
     return dict(config.to_dict())
 
 
-def _refuse_unsupported_gated_model(settings: OverlapSettings, args: argparse.Namespace) -> None:
+def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
     """--overlap-gating auto prices the served model: refuse one the cost model cannot describe
     now, naming the missing config field (the scheduler checks again on the loaded config)."""
     if settings.overlap_gating != "auto":
@@ -213,7 +244,11 @@ def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
     from sglang.srt.server_args import prepare_server_args
 
     load_plugins()
-    server_args = prepare_server_args(list(argv))
+    _raising.append(True)
+    try:
+        server_args = prepare_server_args(list(argv))
+    finally:
+        _raising.pop()
     return server_args, state.settings_of(server_args)
 
 

@@ -161,3 +161,47 @@ def test_forced_sbo_path_the_kernels_lack_is_refused_at_parse(monkeypatch) -> No
     _, settings = parse_server_args([*MODEL, "--enable-single-batch-overlap",
                                      "--moe-a2a-backend", "deepep"])
     assert settings.sbo_down_gemm_overlap == "auto"
+
+
+def test_engine_runs_the_command_lines_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Engine(**kwargs)` with $SGLANG_OVERLAP_ARGS: a bad value stops it with the very
+    SettingsError the command line gives (one validation, `server_args.check_settings`)."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    bad = ["--overlap-gating-hysteresis", "-1"]
+    with pytest.raises(SettingsError) as cli:
+        parse_server_args([*MODEL, *bad])
+    assert "--overlap-gating-hysteresis must be in [0, 0.5] (got -1.0)" in str(cli.value)
+    monkeypatch.setenv("SGLANG_OVERLAP_ARGS", " ".join(bad))
+    with pytest.raises(SettingsError) as engine:
+        Engine(model_path=MODEL[1])
+    assert str(engine.value) == str(cli.value)
+
+
+def test_engine_with_good_settings_carries_them_on_the_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the Engine path validated rides on the record to the scheduler processes."""
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_overlap.sglang.server_args import _before_resolve_once
+
+    monkeypatch.setenv("SGLANG_OVERLAP_ARGS", "--overlap-gating-hysteresis 0.1")
+    record = ServerArgs(model_path=MODEL[1], enable_two_batch_overlap=True,
+                        moe_a2a_backend="deepep")
+    _before_resolve_once(record)
+    monkeypatch.delenv("SGLANG_OVERLAP_ARGS")
+    carried = pickle.loads(pickle.dumps(record))
+    assert getattr(carried, SETTINGS_ATTR).overlap_gating_hysteresis == 0.1
+    assert settings_of(carried).enable_two_batch_overlap
+
+
+def test_sglang_serve_with_a_bad_value_ends_in_one_argparse_line() -> None:
+    """`sglang serve` stops as argparse does on a bad value: one `error:` line, exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *MODEL, "--overlap-gating-hysteresis",
+         "2"], capture_output=True, text=True, timeout=240, env=os.environ.copy())
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("sglang serve: error: sglang-overlap: --overlap-gating-hysteresis must be "
+                    "in [0, 0.5] (got 2.0)"), done.stderr[-3000:]
