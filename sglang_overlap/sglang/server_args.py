@@ -171,24 +171,26 @@ def _before_resolve_once(server_args: Any, *args: Any, **kwargs: Any) -> None:
 
 def hf_config_dict(model_path: str, revision: str | None = None,
                    trust_remote_code: bool = False) -> dict[str, Any] | None:
-    """The served model's HF config as a plain dict, read without the network (a local
-    directory, or the HF cache); None when it cannot be read here."""
+    """The served model's `config.json` as a plain dict, read without the network and without
+    importing transformers: a local directory, or the Hugging Face cache; None when it is not
+    on this machine yet (then the checks run again when the model config is built)."""
     import json
     import os
 
     path = os.path.join(model_path, "config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
-        return data
-    try:
-        from transformers import AutoConfig
+    if not os.path.isfile(path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
 
-        config = AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=True,
-                                            trust_remote_code=trust_remote_code)
-    except Exception:  # noqa: BLE001 - any failure here only defers the check to the scheduler
-        return None
-    return dict(config.to_dict())
+            cached = try_to_load_from_cache(model_path, "config.json", revision=revision)
+        except Exception:  # noqa: BLE001 - not a repo id, no hub client: read it later
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = cached
+    with open(path, encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
 
 
 def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
@@ -213,16 +215,20 @@ def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
                             f"{exc}") from None
 
 
-def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: argparse.Namespace) -> None:
+def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: Any) -> None:
     """On a GPU the SBO table speaks for, refuse a forced path the installed kernels lack now,
     in the launcher, instead of in every scheduler process after the workers spawned."""
     if not settings.enable_single_batch_overlap or settings.requested_a2a_backend == TORCH_A2A:
         return
-    from sglang_overlap.sglang.sbo_decision import decide_sbo
+    from sglang_overlap.sglang.sbo_decision import current_report, decide_sbo
 
-    decision, report = decide_sbo(settings, a2a_backend=settings.requested_a2a_backend,
-                                  runner_backend=str(getattr(args, "moe_runner_backend", "auto")))
-    if report.gpu.arch in ("sm90", "sm100") and decision.refusal is not None:
+    report = current_report()
+    if report.gpu.arch not in ("sm90", "sm100"):
+        return
+    decision, _ = decide_sbo(settings, a2a_backend=settings.requested_a2a_backend,
+                             runner_backend=str(getattr(args, "moe_runner_backend", "auto")),
+                             report=report)
+    if decision.refusal is not None:
         raise SettingsError(f"sglang-overlap: {decision.refusal}")
 
 
