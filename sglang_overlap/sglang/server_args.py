@@ -194,19 +194,35 @@ def hf_config_dict(model_path: str, revision: str | None = None,
 
 
 def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
-    """--overlap-gating auto prices the served model: refuse one the cost model cannot describe
-    now, naming the missing config field (the scheduler checks again on the loaded config)."""
-    if settings.overlap_gating != "auto":
-        return
-    from sglang_overlap.planning.cost.model_config import model_from_hf_config
-    from sglang_overlap.planning.cost.profiles import ProfileError
+    """Refuse, naming the architecture and the mode, a served model a requested mode is not
+    proven on (`sglang_overlap.models`); with --overlap-gating auto also one the cost model
+    cannot describe, naming the missing config field. Where the model's config.json is not on
+    this machine yet, `model_config.py` runs the same check when SGLang builds the config."""
+    from sglang_overlap.models import requested_modes
 
+    modes = requested_modes(settings)
+    if not modes:
+        return
     model_path = str(getattr(args, "model_path", "") or "")
     config = hf_config_dict(model_path, getattr(args, "revision", None),
                             bool(getattr(args, "trust_remote_code", False)))
     if config is None:
-        logger.info("sglang-overlap: config of %s not readable before start-up; the gate checks "
-                    "the loaded model's config instead", model_path)
+        logger.info("sglang-overlap: config of %s not readable before start-up; checked when "
+                    "SGLang reads it", model_path)
+        return
+    refuse_model(config, settings, model_path)
+
+
+def refuse_model(config: dict[str, Any], settings: OverlapSettings, model_path: str) -> None:
+    """SettingsError when `config` (an HF config dict) cannot be served with `settings`."""
+    from sglang_overlap.models import architecture_of, refusal, requested_modes
+    from sglang_overlap.planning.cost.model_config import model_from_hf_config
+    from sglang_overlap.planning.cost.profiles import ProfileError
+
+    why = refusal(architecture_of(config), requested_modes(settings))
+    if why is not None:
+        raise SettingsError(why)
+    if settings.overlap_gating != "auto":
         return
     try:
         model_from_hf_config(config)

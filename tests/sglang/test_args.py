@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,58 @@ def test_sglang_serve_with_a_bad_value_ends_in_one_argparse_line() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last == ("sglang serve: error: sglang-overlap: --overlap-gating-hysteresis must be "
                     "in [0, 0.5] (got 2.0)"), done.stderr[-3000:]
+
+
+def _config_dir(tmp_path: Path, architecture: str) -> Path:
+    """A model directory with only a config.json (what the launcher reads before start-up)."""
+    import json
+
+    from transformers import DeepseekV2Config, Qwen3MoeConfig
+
+    cls = {"Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV2ForCausalLM": DeepseekV2Config}
+    config = cls[architecture](num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                               num_key_value_heads=4, vocab_size=256).to_dict()
+    config["architectures"] = [architecture]
+    out = tmp_path / architecture
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM"])
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"],
+     "--enable-two-batch-overlap (TBO), two-chunk"),
+    (["--enable-single-batch-overlap", "--moe-a2a-backend", "torch_a2a", "--tp", "2"],
+     "--enable-single-batch-overlap (SBO), --moe-a2a-backend torch_a2a"),
+])
+def test_an_unproven_model_is_refused_at_argument_parsing(
+        tmp_path: Path, architecture: str, flags: list[str], named: str) -> None:
+    model = _config_dir(tmp_path, architecture)
+    with pytest.raises(SettingsError) as info:
+        parse_server_args(["--model-path", str(model), *flags])
+    assert f"{named}" in str(info.value) and f"not supported on {architecture}" in str(info.value)
+    _, settings = parse_server_args(["--model-path", str(model)])  # no overlap: plain SGLang
+    assert not settings.any_overlap
+
+
+def test_an_unproven_model_is_refused_when_sglang_builds_its_config(tmp_path: Path) -> None:
+    """Where the launcher could not read config.json (a model not downloaded yet), SGLang's
+    own ModelConfig.from_server_args stops the start, before any weight loads."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_overlap.sglang.hooks import load_through_sglang
+
+    load_through_sglang()
+    model = _config_dir(tmp_path, "Qwen3MoeForCausalLM")
+    record = ServerArgs(model_path=str(model), enable_two_batch_overlap=True,
+                        moe_a2a_backend="deepep", device="cpu")
+    setattr(record, SETTINGS_ATTR, settings_of(record))  # as if checked without the config
+    with pytest.raises(SettingsError) as info:
+        ModelConfig.from_server_args(record)
+    assert "--enable-two-batch-overlap (TBO)" in str(info.value)
+    assert "not supported on Qwen3MoeForCausalLM" in str(info.value)
+    plain = ServerArgs(model_path=str(model), device="cpu")
+    assert ModelConfig.from_server_args(plain).hf_config.architectures == [
+        "Qwen3MoeForCausalLM"]
