@@ -34,7 +34,15 @@ def test_every_unproven_cell_is_refused_naming_architecture_and_mode(arch: str |
     assert why is not None and why.startswith("sglang-overlap: ")
     assert MODES[mode] in why  # type: ignore[index]
     assert (arch or "names no architecture") in why
-    assert "proven on: DeepseekV3ForCausalLM" in why
+    assert "; proven on: DeepseekV3ForCausalLM. Start without this flag" in why
+
+
+def test_the_architecture_is_the_configs_first() -> None:
+    from sglang_overlap.models import architecture_of
+
+    assert architecture_of({"architectures": ["DeepseekV3ForCausalLM", "X"]}) == (
+        "DeepseekV3ForCausalLM")
+    assert architecture_of({"architectures": []}) is None and architecture_of({}) is None
 
 
 def test_proven_cells_and_no_modes_pass() -> None:
