@@ -282,7 +282,7 @@ HOOKS: tuple[HookSpec, ...] = (
              "validate the plugin's flags and carry them to every process on the record",
              "src:722947880991", feature="args"),
     HookSpec(RESOLVE_ONCE, _before_resolve_once, "before",
-             "refuse overlap flags of a feature the guard turned off in the Engine API too",
+             "Engine(**kwargs): the command line's validation (check_settings) before any process",
              "src:14138923d83c", feature="args"),
 )
 

@@ -196,16 +196,23 @@ def test_engine_with_good_settings_carries_them_on_the_record(
     assert settings_of(carried).enable_two_batch_overlap
 
 
-def test_sglang_serve_with_a_bad_value_ends_in_one_argparse_line() -> None:
-    """`sglang serve` stops as argparse does on a bad value: one `error:` line, exit 2."""
-    done = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", *MODEL, "--overlap-gating-hysteresis",
-         "2"], capture_output=True, text=True, timeout=240, env=os.environ.copy())
+@pytest.mark.parametrize("case", ["bad value", "unproven model"])
+def test_sglang_serve_refusal_ends_in_one_argparse_line(tmp_path: Path, case: str) -> None:
+    """`sglang serve` stops as argparse does on a bad value or a mode not proven on the model:
+    one `error:` line, exit 2, before any process starts."""
+    if case == "bad value":
+        argv = [*MODEL, "--overlap-gating-hysteresis", "2"]
+        want = "--overlap-gating-hysteresis must be in [0, 0.5] (got 2.0)"
+    else:
+        argv = ["--model-path", str(_config_dir(tmp_path, "Qwen3MoeForCausalLM")),
+                "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
+        want = "--enable-single-batch-overlap (SBO) is not supported on Qwen3MoeForCausalLM ("
+    done = subprocess.run([sys.executable, "-m", "sglang.launch_server", *argv],
+                          capture_output=True, text=True, timeout=240, env=os.environ.copy())
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last == ("sglang serve: error: sglang-overlap: --overlap-gating-hysteresis must be "
-                    "in [0, 0.5] (got 2.0)"), done.stderr[-3000:]
+    assert last.startswith(f"sglang serve: error: sglang-overlap: {want}"), done.stderr[-3000:]
 
 
 def _config_dir(tmp_path: Path, architecture: str) -> Path:
