@@ -38,6 +38,14 @@ _DSV3_PROOF: dict[Mode, str] = {
     "gate": f"{_E2E} (`auto`), tests/e2e/test_gating.py",
     "torch_a2a": f"{_E2E} (`a2a`)",
 }
+_V2 = "tests/e2e/test_model_servers.py"
+_DSV2_PROOF: dict[Mode, str] = {
+    "tbo": f"{_V2} (`dsv2_tbo`)",
+    "two_chunk": f"{_V2} (`dsv2_tbo`: the long prompt is cut in two)",
+    "sbo": f"{_V2} (`dsv2_sbo`)",
+    "gate": f"{_V2} (`dsv2_auto`)",
+    "torch_a2a": f"{_V2} (every overlap server)",
+}
 
 
 @dataclass(frozen=True)
@@ -53,11 +61,7 @@ class Architecture:
 
 TABLE: tuple[Architecture, ...] = (
     Architecture("DeepseekV3ForCausalLM", "DeepSeek-V3, DeepSeek-R1", _DSV3_PROOF),
-    Architecture(
-        "DeepseekV2ForCausalLM", "DeepSeek-V2, DeepSeek-V2-Lite", {},
-        "SGLang serves it with the same model code as DeepSeek-V3, but no DeepSeek-V2 (its "
-        "router: greedy or group-limited top-k without a correction bias, no fp8) has run in a "
-        "CPU server with the plugin yet"),
+    Architecture("DeepseekV2ForCausalLM", "DeepSeek-V2, DeepSeek-V2-Lite", _DSV2_PROOF),
     Architecture(
         "Qwen3MoeForCausalLM", "Qwen3-30B-A3B, Qwen3-235B-A22B", {},
         "SGLang's Qwen3-MoE has its own MoE layer and TBO operation strategy; the plugin's "

@@ -18,15 +18,15 @@ def test_the_readme_shows_the_table() -> None:
     assert markdown_table() in README.read_text()
 
 
-def test_deepseek_v3_is_proven_in_every_mode_by_a_test_that_exists() -> None:
-    row = next(r for r in TABLE if r.name == "DeepseekV3ForCausalLM")
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"])
+def test_deepseek_is_proven_in_every_mode_by_a_test_that_exists(arch: str) -> None:
+    row = next(r for r in TABLE if r.name == arch)
     assert set(row.proven) == set(MODES)
     for evidence in row.proven.values():
         assert (REPO / evidence.split()[0]).is_file(), evidence
 
 
-@pytest.mark.parametrize("arch", ["DeepseekV2ForCausalLM", "Qwen3MoeForCausalLM",
-                                  "MixtralForCausalLM", None])
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "MixtralForCausalLM", None])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_unproven_cell_is_refused_naming_architecture_and_mode(arch: str | None,
                                                                     mode: str) -> None:
@@ -34,7 +34,8 @@ def test_every_unproven_cell_is_refused_naming_architecture_and_mode(arch: str |
     assert why is not None and why.startswith("sglang-overlap: ")
     assert MODES[mode] in why  # type: ignore[index]
     assert (arch or "names no architecture") in why
-    assert "; proven on: DeepseekV3ForCausalLM. Start without this flag" in why
+    assert ("; proven on: DeepseekV3ForCausalLM, DeepseekV2ForCausalLM. Start without this flag"
+            in why)
 
 
 def test_the_architecture_is_the_configs_first() -> None:
@@ -47,6 +48,7 @@ def test_the_architecture_is_the_configs_first() -> None:
 
 def test_proven_cells_and_no_modes_pass() -> None:
     assert refusal("DeepseekV3ForCausalLM", list(MODES)) is None
+    assert refusal("DeepseekV2ForCausalLM", list(MODES)) is None
     assert refusal("Qwen3MoeForCausalLM", []) is None
 
 

@@ -219,11 +219,15 @@ def _config_dir(tmp_path: Path, architecture: str) -> Path:
     """A model directory with only a config.json (what the launcher reads before start-up)."""
     import json
 
-    from transformers import DeepseekV2Config, Qwen3MoeConfig
+    from transformers import DeepseekV2Config, MixtralConfig, Qwen3MoeConfig
 
-    cls = {"Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV2ForCausalLM": DeepseekV2Config}
+    cls = {"Qwen3MoeForCausalLM": Qwen3MoeConfig, "DeepseekV2ForCausalLM": DeepseekV2Config,
+           "MixtralForCausalLM": MixtralConfig}
     config = cls[architecture](num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                num_key_value_heads=4, vocab_size=256).to_dict()
+    if architecture == "DeepseekV2ForCausalLM":  # the MoE fields transformers leaves unset
+        config.update(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      n_shared_experts=1, first_k_dense_replace=1)
     config["architectures"] = [architecture]
     out = tmp_path / architecture
     out.mkdir()
@@ -231,7 +235,7 @@ def _config_dir(tmp_path: Path, architecture: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM"])
+@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "MixtralForCausalLM"])
 @pytest.mark.parametrize(("flags", "named"), [
     (["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"],
      "--enable-two-batch-overlap (TBO), two-chunk"),
@@ -246,6 +250,14 @@ def test_an_unproven_model_is_refused_at_argument_parsing(
     assert f"{named}" in str(info.value) and f"not supported on {architecture}" in str(info.value)
     _, settings = parse_server_args(["--model-path", str(model)])  # no overlap: plain SGLang
     assert not settings.any_overlap
+
+
+def test_a_proven_model_is_served_in_every_mode(tmp_path: Path) -> None:
+    model = _config_dir(tmp_path, "DeepseekV2ForCausalLM")
+    _, settings = parse_server_args(["--model-path", str(model), "--tp", "2", "--moe-a2a-backend",
+                                     "torch_a2a", "--enable-two-batch-overlap",
+                                     "--enable-single-batch-overlap", "--overlap-gating", "auto"])
+    assert settings.enable_two_batch_overlap and settings.overlap_gating == "auto"
 
 
 def test_an_unproven_model_is_refused_when_sglang_builds_its_config(tmp_path: Path) -> None:
