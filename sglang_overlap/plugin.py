@@ -14,19 +14,30 @@ wrong version turns every feature off. The argument hooks are always installed.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 logger = logging.getLogger("sglang_overlap")
 
 _done: dict[str, bool] = {}
 
 
+def guard_verdict() -> tuple[Any, bool]:
+    """The version guard's verdict on the installed sglang (files read, nothing imported), and
+    whether it turns any feature off; the argument hooks are told (they refuse what is off)."""
+    from sglang_overlap.sglang import guard, hooks, server_args
+
+    verdict = guard.check_features([*hooks.all_specs(), *hooks.resolution_specs()],
+                                   hooks.SHARED_PINS)
+    off = bool(verdict.off or verdict.off_on_cpu)
+    server_args.set_verdict(verdict if off else None)
+    return verdict, off
+
+
 def register() -> None:
     from sglang_overlap.sglang import guard, hooks, server_args
 
     specs, resolutions = hooks.all_specs(), hooks.resolution_specs()
-    verdict = guard.check_features([*specs, *resolutions], hooks.SHARED_PINS)
-    off = verdict.off or verdict.off_on_cpu
-    server_args.set_verdict(verdict if off else None)
+    verdict, off = guard_verdict()
     new = hooks.install(s for s in specs if s.target in server_args.ALWAYS or (
         s.feature not in verdict.off and s.target not in verdict.changed_targets))
     hooks.install_resolution_hooks(r for r in resolutions if r.feature not in verdict.off)

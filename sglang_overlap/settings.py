@@ -5,9 +5,10 @@
 the deployment it is used in. Pure Python (no torch, no sglang) so that `sglang-overlap args`,
 the cost model and the tests can use it anywhere.
 
-Three upstream flags keep their SGLang names and meaning (SGLang's own parser defines them; the
-plugin only reads them): --enable-two-batch-overlap, --enable-single-batch-overlap and
---tbo-token-distribution-threshold. Every other field is a flag this plugin adds.
+Four upstream flags keep their SGLang names and meaning (SGLang's own parser defines them; the
+plugin only reads them, and adds the choice torch_a2a to the last): --enable-two-batch-overlap,
+--enable-single-batch-overlap, --tbo-token-distribution-threshold and --moe-a2a-backend. Every
+other field is a flag this plugin adds.
 """
 
 from __future__ import annotations

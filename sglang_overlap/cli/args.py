@@ -14,17 +14,18 @@ from sglang_overlap.settings import OverlapSettings, add_arguments, flag_name, u
 
 
 def _flags_parser() -> argparse.ArgumentParser:
+    upstream = [flag_name(f.name) for f in upstream_fields()]
     parser = argparse.ArgumentParser(
         prog="sglang serve",
         usage="sglang serve --model-path MODEL [SGLang flags] [sglang-overlap flags]",
-        description="Server flags read by the sglang-overlap plugin. The three marked "
-        "(SGLang) are SGLang's own flags, with the same meaning; the plugin reads them.",
+        description="Server flags read by the sglang-overlap plugin. Those marked (SGLang) are "
+        f"SGLang's own flags ({', '.join(upstream)}), with the same meaning; the plugin reads "
+        "them.",
         add_help=False,
     )
     add_arguments(parser, include_upstream=True)
     for action in parser._actions:  # noqa: SLF001 - argparse has no public view
-        if any(opt in {flag_name(f.name) for f in upstream_fields()} for opt in
-               action.option_strings):
+        if any(opt in upstream for opt in action.option_strings):
             action.help = f"(SGLang) {action.help}"
     return parser
 

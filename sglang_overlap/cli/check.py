@@ -1,12 +1,16 @@
 """`sglang-overlap check`: is this machine ready for these server flags?
 
-Takes the same flags as `sglang serve` (passed through to SGLang's own parser with the plugin
-loaded) and reports: the SGLang version and whether the plugin is discovered and loaded; torch,
+Takes the same flags as `sglang serve` and runs the server's own validation on them
+(`sglang.server_args.check_settings`); flags made only of the overlap, MoE and layout ones are
+read without importing SGLang (`check_flags.parse_fast`: an answer in about a second), any other
+flag, or `--full`, goes through SGLang's own parser with the plugin loaded. A flag SGLang or the
+plugin would refuse is one `error:` line, exit status 2 (with `--json`, the report says so). It
+reports: the SGLang version and whether the plugin is discovered and loaded; torch,
 CUDA, the GPU architecture and SM count; deep_ep / deep_gemm versions, whether they import, and
 which overlap forms they declare (read from their Python files: nothing CUDA is loaded in this
-process); and the SBO and TBO paths these flags would use. Exit status 1 when the flags cannot
-work here (2 when SGLang's parser rejects them). `--assume-arch sm90` answers for a Hopper box
-from any machine.
+process; the import is tried in a subprocess where an NVIDIA driver is present); and the SBO and
+TBO paths these flags would use. Exit status 1 when the flags cannot work here. `--assume-arch
+sm90` answers for a Hopper box from any machine.
 """
 
 from __future__ import annotations
@@ -18,8 +22,16 @@ import subprocess
 import sys
 from typing import Any
 
-from sglang_overlap.kernels.capabilities import ARCH_CHOICES, ProbeReport, combine_forms, probe
-from sglang_overlap.settings import OverlapSettings, SettingsError
+from sglang_overlap.cli import check_flags
+from sglang_overlap.kernels.capabilities import (
+    ARCH_CHOICES,
+    ProbeReport,
+    combine_forms,
+    nvidia_driver_present,
+    package_dir,
+    probe,
+)
+from sglang_overlap.settings import OverlapSettings, SettingsError, validate_settings
 
 ENTRY_GROUP, ENTRY_NAME = "sglang.srt.plugins", "sglang_overlap"
 _IMPORT_SNIPPET = """
@@ -44,7 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str, help: str) -> 
     p.add_argument("--assume-arch", choices=ARCH_CHOICES, default=None,
                    help="answer as if device 0 were this GPU architecture (or no GPU)")
     p.add_argument("--no-import-check", action="store_true",
-                   help="skip trying to import deep_ep / deep_gemm (done in a subprocess)")
+                   help="skip trying to import deep_ep / deep_gemm (done in a subprocess, only "
+                   "where an NVIDIA driver is present)")
+    p.add_argument("--full", action="store_true",
+                   help="read every flag with SGLang's own parser and run SGLang's plugin loader "
+                   "here, even when the fast reader knows every flag given (slower: imports "
+                   "SGLang)")
     p.set_defaults(func=run, server_argv=[])
     inner = p.parse_known_args
 
@@ -63,32 +80,63 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _import_errors(skip: bool) -> dict[str, str | None]:
-    if skip:
+def _start_import_check(skip: bool) -> subprocess.Popen[str] | None:
+    """Try importing deep_ep / deep_gemm in a subprocess, running beside the rest of the
+    report; not where no NVIDIA driver is loaded (they cannot load CUDA there)."""
+    if skip or not nvidia_driver_present():
+        return None
+    return subprocess.Popen([sys.executable, "-c", _IMPORT_SNIPPET], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def _import_errors(proc: subprocess.Popen[str] | None) -> dict[str, str | None]:
+    if proc is None:
         return {}
     try:
-        done = subprocess.run([sys.executable, "-c", _IMPORT_SNIPPET], capture_output=True,
-                              text=True, timeout=180)
-        result: dict[str, str | None] = json.loads(done.stdout.strip().splitlines()[-1])
+        stdout, _ = proc.communicate(timeout=180)
+        result: dict[str, str | None] = json.loads(stdout.strip().splitlines()[-1])
         return result
     except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        proc.kill()
         return {"deep_ep": f"import check failed: {exc}", "deep_gemm": None}
 
 
-def _sglang_section() -> dict[str, Any]:
+def _machine() -> dict[str, Any]:
+    """python, torch and its CUDA version, read from files (torch is not imported)."""
+    found: dict[str, str | None] = {"__version__": _version("torch"), "cuda": None}
+    root = package_dir("torch")
+    if root is not None and (root / "version.py").is_file():
+        for line in (root / "version.py").read_text().splitlines():
+            name, _, value = line.partition("=")
+            name = name.split(":")[0].strip()
+            if name in found:
+                value = value.strip().strip("'\"")
+                found[name] = None if value == "None" else value
+    return {"python": sys.version.split()[0], "torch": found["__version__"],
+            "cuda": found["cuda"]}
+
+
+def _sglang_section(load: bool, verdict: Any) -> dict[str, Any]:
+    """sglang's version, the entry point, the version guard's `verdict`; with `load`, SGLang's
+    own plugin loader run here (imports SGLang)."""
     eps = importlib.metadata.entry_points(group=ENTRY_GROUP)
     out: dict[str, Any] = {"version": _version("sglang"),
                            "plugin_discovered": any(e.name == ENTRY_NAME for e in eps),
-                           "plugin_loaded": False}
+                           "plugin_loaded": None}
     if out["version"] is None:
+        out["plugin_loaded"] = False
         return out
-    from sglang_overlap.sglang import guard, hooks
+    from sglang_overlap.sglang import hooks
 
-    registered = hooks.load_through_sglang()
-    out["plugin_loaded"] = registered > 0
-    out["hooks_registered"] = registered
-    result = guard.check(hooks.all_pins())
-    out["guard"] = "ok" if result.ok else result.message()
+    if load:
+        registered = hooks.load_through_sglang()
+        out["plugin_loaded"] = registered > 0
+        out["hooks_registered"] = registered
+    problems = {**{f"{f} (on CPU servers)": p for f in verdict.off_on_cpu
+                   if (p := verdict.message(f, cpu=True))},
+                **{f: p for f in verdict.off if (p := verdict.message(f))}}
+    out["guard"] = "ok" if not problems else "; ".join(
+        f"{feature} off: {problem}" for feature, problem in problems.items())
     return out
 
 
@@ -113,16 +161,19 @@ def _kernels_section(report: ProbeReport, errors: dict[str, str | None]) -> dict
 
     why_not = probe_patched_deepgemm()  # reads files only; no GPU needed to answer
     version, _, why = served_producer()
+    if why_not is None and report.gpu.arch != "sm90":  # the headers would build, nothing runs it
+        why_not = (f"an SM90 (Hopper) kernel; this machine: {report.gpu.arch} (the installed "
+                   f"headers and nvcc would build it: {why})")
     out["plugin_patched_deepgemm"] = {"available": why_not is None, "deep_gemm": version,
                                       "reason": why_not or why}
     return out
 
 
-def _tbo(settings: OverlapSettings, server_args: Any) -> str:
+def _tbo(settings: OverlapSettings, values: Any) -> str:
     if not settings.enable_two_batch_overlap:
         return "off"
-    a2a = str(getattr(server_args, "moe_a2a_backend", "none"))
-    mode = str(getattr(server_args, "deepep_mode", "auto"))
+    a2a = settings.requested_a2a_backend
+    mode = str(getattr(values, "deepep_mode", "auto"))
     t = settings.tbo_token_distribution_threshold
     chunk = f"two-chunk at t={t}" if t > 0 else "two-chunk off"
     parts = ["decode/verify: 5-stage schedule, micro-batch B two stages behind"]
@@ -136,49 +187,85 @@ def _tbo(settings: OverlapSettings, server_args: Any) -> str:
 
 
 def gather(server_argv: list[str], *, assume_arch: str | None = None,
-           import_check: bool = True) -> tuple[dict[str, Any], int]:
-    """The readiness report and the exit status it implies."""
-    import torch
+           import_check: bool = True, full: bool = False) -> tuple[dict[str, Any], int]:
+    """The readiness report and the exit status it implies: 2 when the flags would be refused
+    at start (then nothing is evaluated for them), 1 when they cannot work on this machine."""
+    from sglang_overlap.plugin import guard_verdict
 
+    imports = _start_import_check(not import_check)
+    verdict, _ = guard_verdict()  # files read; what it turns off is refused, as at start-up
+    flags: dict[str, Any] = {"server_argv": server_argv, "errors": [], "warnings": []}
+    settings, values = _parse(server_argv, flags, full)
     report = probe(assume_arch=assume_arch)
     gpu = report.gpu
     out: dict[str, Any] = {
-        "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "gpu_arch": gpu.arch, "gpu_source": gpu.source,
+        "machine": {**_machine(), "gpu_arch": gpu.arch, "gpu_source": gpu.source,
                     "gpu_name": gpu.name, "capability": gpu.capability, "sm_count": gpu.sm_count,
                     "cpu_only": gpu.arch == "cpu"},
-        "sglang": _sglang_section(),
-        "kernels": _kernels_section(report, _import_errors(not import_check)),
-        "flags": {"server_argv": server_argv, "errors": [], "warnings": []},
+        "sglang": _sglang_section(full or "sglang.srt.server_args" in sys.modules, verdict),
+        "kernels": _kernels_section(report, _import_errors(imports)),
+        "flags": flags,
     }
+    out["flags"]["settings"] = settings.to_dict() if settings else None
     status = 0
-    settings, server_args = OverlapSettings(), None
-    if server_argv:
-        settings, server_args, status = _parse(server_argv, out["flags"])
-    out["flags"]["settings"] = settings.to_dict()
-    a2a = str(getattr(server_args, "moe_a2a_backend", "none"))
-    runner = str(getattr(server_args, "moe_runner_backend", "auto"))
-    from sglang_overlap.sglang.sbo_decision import decide_sbo
-
-    try:
-        decision, _ = decide_sbo(settings, a2a_backend=a2a, runner_backend=runner, report=report)
-        out["sbo"] = {"path": decision.path.value if decision.path else None,
-                      "reason": decision.reason, "refusal": decision.refusal}
-        status = status or (1 if decision.refusal else 0)
-    except ValueError as exc:  # the declared combine signature rejects the chosen form
-        out["sbo"] = {"path": None, "reason": "refused", "refusal": str(exc)}
-        status = status or 1
-    out["tbo"] = {"path": _tbo(settings, server_args)}
-    out["compat"] = _compat(report, out)
+    if settings is None:
+        status = 2
+        out["sbo"] = {"path": None, "reason": "not evaluated: the flags would be refused",
+                      "refusal": None}
+        out["tbo"] = {"path": None}
+    else:
+        out["sbo"], status = _sbo(settings, values, report)
+        out["tbo"] = {"path": _tbo(settings, values)}
+    out["compat"] = _compat(report, out, settings)
     if out["sglang"].get("guard", "ok") != "ok":
         status = status or 1
     out["ok"] = status == 0
     return out, status
 
 
-def _compat(report: ProbeReport, out: dict[str, Any]) -> dict[str, Any]:
-    """The compatibility table's answer for the installed versions (`sglang_overlap.compat`)."""
-    from sglang_overlap.compat import Stack, evaluate
+def _sbo(settings: OverlapSettings, values: Any, report: ProbeReport) -> tuple[dict[str, Any], int]:
+    from sglang_overlap.sglang.sbo_decision import decide_sbo
+
+    a2a = settings.requested_a2a_backend
+    runner = str(getattr(values, "moe_runner_backend", "auto"))
+    try:
+        decision, _ = decide_sbo(settings, a2a_backend=a2a, runner_backend=runner, report=report)
+    except ValueError as exc:  # the declared combine signature rejects the chosen form
+        return {"path": None, "reason": "refused", "refusal": str(exc)}, 1
+    return ({"path": decision.path.value if decision.path else None, "reason": decision.reason,
+             "refusal": decision.refusal}, 1 if decision.refusal else 0)
+
+
+def _parse(argv: list[str], flags: dict[str, Any],
+           full: bool) -> tuple[OverlapSettings | None, Any]:
+    """(settings, the parsed namespace or ServerArgs); (None, None) with the error in
+    flags["errors"] when the server would refuse `argv`."""
+    from sglang_overlap.sglang.server_args import check_settings, server_facts
+
+    if not argv:
+        return OverlapSettings(), None  # no flags: the machine alone
+    try:
+        ns = None if full else check_flags.parse_fast(argv)
+        if ns is not None:
+            flags["read_by"] = "the plugin's reader of the overlap, MoE and layout flags"
+            settings = check_flags.settings_of(ns)
+            flags["warnings"] = check_settings(settings, ns)
+            return settings, ns
+        flags["read_by"] = "SGLang's parser, with the plugin loaded"
+        server_args = check_flags.parse_with_sglang(argv)  # runs check_settings
+    except (check_flags.FlagError, SettingsError) as exc:
+        flags["errors"].append(check_flags.one_line(exc))
+        return None, None
+    settings = check_flags.settings_of(server_args)
+    flags["warnings"] = validate_settings(settings, server_facts(server_args))
+    return settings, server_args
+
+
+def _compat(report: ProbeReport, out: dict[str, Any],
+            settings: OverlapSettings | None) -> dict[str, Any]:
+    """The compatibility table's answer for the installed versions (`sglang_overlap.compat`);
+    with an EP backend asked for, only the rows of that backend are listed as matched."""
+    from sglang_overlap.compat import Stack, evaluate, rows
     from sglang_overlap.kernels.signal_deepgemm.build import nvcc_path
     from sglang_overlap.kernels.signal_deepgemm.versions import DgSignalError
 
@@ -196,91 +283,23 @@ def _compat(report: ProbeReport, out: dict[str, Any]) -> dict[str, Any]:
             and not patched["available"]:  # e.g. the installed header is not the patched one
         verdict["fast_path_serves"] = False
         verdict["missing"] = [{"needs": "the patched DeepGEMM producer", "fix": patched["reason"]}]
+    asked = settings.requested_a2a_backend if settings is not None else "none"
+    if asked != "none":
+        backend = {r.name: r.tbo.split()[0] for r in rows()}
+        verdict["matched"] = [m for m in verdict["matched"] if backend[m] == asked]
+        verdict["backend"] = asked
     return {"stack": {k: getattr(stack, k) for k in Stack.__dataclass_fields__}, **verdict}
-
-
-def _parse(argv: list[str], flags: dict[str, Any]) -> tuple[OverlapSettings, Any, int]:
-    from sglang_overlap.sglang.server_args import parse_server_args
-
-    try:
-        server_args, settings = parse_server_args(argv)
-    except SettingsError as exc:
-        flags["errors"].append(str(exc))
-        return OverlapSettings(), None, 1
-    except SystemExit as exc:
-        flags["errors"].append(f"SGLang's parser rejected the server flags (exit {exc.code}; "
-                               "its message is above); the paths below read only the "
-                               "overlap and MoE flags")
-        settings, ns = _overlap_flags_only(argv)
-        return settings, ns, 2
-    from sglang_overlap.settings import validate_settings
-    from sglang_overlap.sglang.server_args import server_facts
-
-    flags["warnings"] = validate_settings(settings, server_facts(server_args))
-    return settings, server_args, 0
-
-
-def _overlap_flags_only(argv: list[str]) -> tuple[OverlapSettings, argparse.Namespace]:
-    """The overlap and MoE flags alone, for a report when SGLang's parser rejects the rest."""
-    from sglang_overlap.settings import add_arguments
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p, include_upstream=True)
-    for flag, default in (("--moe-a2a-backend", "none"), ("--moe-runner-backend", "auto"),
-                          ("--deepep-mode", "auto")):
-        if flag not in p._option_string_actions:  # noqa: SLF001 - argparse has no public view
-            p.add_argument(flag, default=default)
-    ns, _ = p.parse_known_args(argv)
-    return OverlapSettings.from_mapping(vars(ns)), ns
-
-
-def _print(out: dict[str, Any]) -> None:
-    m, s, k = out["machine"], out["sglang"], out["kernels"]
-    gpu = ("no CUDA GPU (CPU-only machine: kernels cannot run here)" if m["cpu_only"] else
-           f"{m['gpu_name']} {m['gpu_arch']} capability {m['capability']}, {m['sm_count']} SMs")
-    lines = [
-        f"python {m['python']}, torch {m['torch']}, CUDA {m['cuda']}",
-        f"GPU ({m['gpu_source']}): {gpu}",
-        f"sglang {s['version']}: plugin {ENTRY_NAME} discovered={s['plugin_discovered']}, "
-        f"loaded={s['plugin_loaded']}; version guard: {s.get('guard', 'not run')}",
-    ]
-    for name in ("deep_ep", "deep_gemm"):
-        e = k[name]
-        imp = {True: "imports", False: f"does not import ({e.get('import_error')})",
-               None: "import not tried"}[e.get("importable")]
-        lines.append(f"{name} {e['version'] or 'not installed'}: {imp}; {e['read']}")
-    lines += [
-        f"  DeepEP low-latency combine overlap: {k['deep_ep']['low_latency_combine_overlap']}",
-        f"  DeepGEMM masked GEMM with signals: {'yes' if k['deep_gemm']['masked_gemm_with_signals'] else 'no'}",  # noqa: E501
-        f"  plugin signal GEMM (triton): {'yes' if k['plugin_signal_gemm'] else 'no'}",
-        "  plugin signal GEMM (DeepGEMM's kernel, patched): "
-        + ("yes" if k["plugin_patched_deepgemm"]["available"] else "no")
-        + f" ({k['plugin_patched_deepgemm']['reason']})",
-    ]
-    lines += [f"flags: ERROR {err}" for err in out["flags"]["errors"]]
-    lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]
-    sbo = out["sbo"]
-    lines.append(f"SBO: {sbo['path'] or 'REFUSED'}: {sbo['refusal'] or sbo['reason']}")
-    lines.append(f"TBO: {out['tbo']['path']}")
-    lines += _compat_lines(out["compat"])
-    lines.append("ready" if out["ok"] else "NOT READY for these flags")
-    print("\n".join(lines))
-
-
-def _compat_lines(c: dict[str, Any]) -> list[str]:
-    lines = ["compatibility table rows matched: " + (", ".join(c["matched"]) or "none")]
-    if c["fast_path"] is not None:
-        lines.append(f"fast path ({c['fast_path']}): "
-                     + ("will serve" if c["fast_path_serves"] else "will NOT serve"))
-    lines += [f"  missing {m['needs']}: {m['fix']}" for m in c["missing"]]
-    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     out, status = gather(list(args.server_argv), assume_arch=args.assume_arch,
-                         import_check=not args.no_import_check)
+                         import_check=not args.no_import_check, full=args.full)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
+    elif out["flags"]["errors"]:  # as argparse ends a bad command line: one line, exit 2
+        print(f"sglang-overlap check: error: {out['flags']['errors'][0]}", file=sys.stderr)
     else:
-        _print(out)
+        from sglang_overlap.cli.check_text import render
+
+        print(render(out))
     return status

@@ -24,11 +24,20 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version_line() -> str:
+    """`sglang-overlap X (for sglang Y)`: this package's version and the one SGLang it hooks."""
+    from sglang_overlap import __version__
+    from sglang_overlap.compat import SUPPORTED_SGLANG
+
+    return f"sglang-overlap {__version__} (for sglang {SUPPORTED_SGLANG})"
+
+
 def build_parser(names: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-overlap",
         description="MoE communication/computation overlap for SGLang (TBO, two-chunk, SBO).",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in names if names is not None else SUBCOMMANDS:
         module_name, summary = SUBCOMMANDS[name]
@@ -46,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Import only the chosen subcommand's module (plus all of them for bare --help).
     chosen = [argv[0]] if argv and argv[0] in SUBCOMMANDS else None
+    if argv[:1] == ["--version"]:
+        chosen = []  # nothing to import to answer
     parser = build_parser(chosen)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -11,46 +11,123 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from sglang_overlap.planning.cost.cost_model import MODES, Prediction, predict
+from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.profiles import (
     GPU_NAMES,
+    MODEL_ALIASES,
     MODEL_NAMES,
     Deployment,
+    ModelProfile,
     ProfileError,
     load_hardware,
     load_model,
 )
+from sglang_overlap.planning.two_chunk import check_threshold
 
 DEFAULTS = Deployment()
+
+
+def _model_help() -> str:
+    names = [name + "".join(f", {a}" for a, n in MODEL_ALIASES.items() if n == name)
+             for name in MODEL_NAMES]
+    return (f"a shipped profile ({'; '.join(names)}), a Hugging Face id of one "
+            "(deepseek-ai/DeepSeek-V3), a model directory with config.json, or a model JSON")
 
 
 def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - dispatcher's API
     p = subparsers.add_parser(
         name, help=help, description=__doc__.split("\n\n")[0] + " Defaults: DeepSeek-V3 decode "
-        "on 2x8 H20, EP16 with DP attention, 32 tokens per GPU, 4096-token context.")
+        "on 2x8 H20, EP16 with DP attention, 32 tokens per GPU, 4096-token context. The layout "
+        "flags are SGLang's (`--model-path`, `--tp-size`/`--tp`, `--ep-size`/`--ep`, `--nnodes`, "
+        "`--dp-size`, `--enable-dp-attention`, `--attn-dp-size`), so a serve command's layout can "
+        "be pasted; `--tp-size` without `--ep-size` means EP = TP, as with "
+        "`--moe-a2a-backend deepep`.")
     p.add_argument("--gpu", default="H20", metavar="GPU",
                    help=f"{', '.join(GPU_NAMES)}, or a profile JSON (e.g. one written by "
                         "benchmarks/calibrate.py, or {\"base\": \"H20\", ...} overrides)")
-    p.add_argument("--model", default="deepseek-v3", metavar="MODEL",
-                   help=f"{', '.join(MODEL_NAMES)} (alias deepseek-r1), or a model JSON")
+    p.add_argument("--model-path", "--model", dest="model", default="deepseek-v3",
+                   metavar="MODEL", help=_model_help())
     p.add_argument("--phase", choices=("decode", "prefill"), default=DEFAULTS.phase)
-    p.add_argument("--ep", type=int, default=DEFAULTS.ep_size, help="expert-parallel size")
-    p.add_argument("--gpus-per-node", type=int, default=DEFAULTS.gpus_per_node)
+    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep", type=int,
+                   default=None, help=f"expert-parallel size (default: --tp-size if given, else "
+                   f"{DEFAULTS.ep_size}); must divide the model's routed experts")
+    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp", type=int,
+                   default=None, help="SGLang's --tp-size: the GPUs of the server, all nodes")
+    p.add_argument("--nnodes", type=int, default=None,
+                   help="SGLang's --nnodes (with --tp-size: GPUs per node = tp / nnodes)")
+    p.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp", type=int, default=1)
+    p.add_argument("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp", type=int,
+                   default=1)
+    p.add_argument("--enable-dp-attention", action="store_true",
+                   help="with --dp-size N: attention data-parallel (SGLang's deprecated spelling "
+                   "of --attn-dp-size N)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help=f"default {DEFAULTS.gpus_per_node}, or --tp-size / --nnodes")
     p.add_argument("--tokens-per-gpu", type=int, default=DEFAULTS.tokens_per_gpu,
                    help="decode: running sequences per GPU; prefill: batch tokens per GPU")
     p.add_argument("--context-len", type=int, default=DEFAULTS.context_len,
                    help="decode: KV length per sequence; prefill: prompt length per request")
     p.add_argument("--no-dp-attention", action="store_true",
-                   help="attention tensor-parallel within a node instead of data-parallel")
+                   help="attention tensor-parallel within a node instead of data-parallel (the "
+                   "default without --tp-size is DP attention; with it, DP attention needs "
+                   "--attn-dp-size or --enable-dp-attention --dp-size, as in SGLang)")
     p.add_argument("--tbo-token-distribution-threshold", type=float,
                    default=DEFAULTS.two_chunk_threshold, metavar="T",
-                   help="two-chunk threshold used for the two_chunk estimate")
+                   help="two-chunk threshold in [0, 0.5], as the server accepts it")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw one layer's two-stream timeline per mode (needs matplotlib)")
     p.set_defaults(func=run)
+
+
+def resolve_model(spec: str) -> ModelProfile:
+    """A model profile from `--model-path`: a shipped name or alias, the Hugging Face id of one
+    (by its last path part), a directory with config.json, or a model JSON."""
+    base = spec.rstrip("/").rsplit("/", 1)[-1].lower()
+    config = Path(spec) / "config.json"
+    if config.is_file():
+        return model_from_hf_config(json.loads(config.read_text()), name=base)
+    if not spec.endswith(".json") and "/" in spec and (
+            base in MODEL_NAMES or base in MODEL_ALIASES):
+        return load_model(base)
+    return load_model(spec)
+
+
+def deployment(args: argparse.Namespace, model: ModelProfile) -> Deployment:
+    """The deployment `args` describe, with the server's own range checks (ProfileError)."""
+    for flag, value in (("--tp-size", args.tp), ("--ep-size", args.ep), ("--nnodes", args.nnodes),
+                        ("--dp-size", args.dp), ("--attn-dp-size", args.attn_dp),
+                        ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            raise ProfileError(f"{flag} must be >= 1 (got {value})")
+    ep = args.ep if args.ep is not None else (args.tp or DEFAULTS.ep_size)
+    per_node = args.gpus_per_node or DEFAULTS.gpus_per_node
+    dp_attention = not args.no_dp_attention
+    if args.tp is not None:
+        if args.tp % ep:
+            raise ProfileError(f"--ep-size {ep} must divide --tp-size {args.tp}")
+        nnodes = args.nnodes or 1
+        if args.tp % nnodes:
+            raise ProfileError(f"--nnodes {nnodes} must divide --tp-size {args.tp}")
+        per_node = args.gpus_per_node or args.tp // nnodes
+        attn_dp = max(args.attn_dp, args.dp if args.enable_dp_attention else 1)
+        dp_attention = attn_dp > 1 and not args.no_dp_attention
+    if model.num_experts % ep:
+        raise ProfileError(f"--ep-size {ep} must divide the {model.num_experts} routed experts "
+                           f"of {model.name}")
+    try:
+        check_threshold(args.tbo_token_distribution_threshold)
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
+    return Deployment(phase=args.phase, ep_size=ep, gpus_per_node=per_node,
+                      dp_attention=dp_attention, tokens_per_gpu=args.tokens_per_gpu,
+                      context_len=args.context_len,
+                      two_chunk_threshold=args.tbo_token_distribution_threshold)
 
 
 def to_json(pred: Prediction) -> dict[str, Any]:
@@ -97,16 +174,12 @@ def table(pred: Prediction) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        model = load_model(args.model)
+        model = resolve_model(args.model)
         hw = load_hardware(args.gpu)
-        deploy = Deployment(
-            phase=args.phase, ep_size=args.ep, gpus_per_node=args.gpus_per_node,
-            dp_attention=not args.no_dp_attention, tokens_per_gpu=args.tokens_per_gpu,
-            context_len=args.context_len,
-            two_chunk_threshold=args.tbo_token_distribution_threshold)
+        deploy = deployment(args, model)
         pred = predict(model, hw, deploy, MODES, timelines=bool(args.plot))
     except (ProfileError, ValueError) as exc:
-        print(f"sglang-overlap plan: {exc}")
+        print(f"sglang-overlap plan: error: {exc}", file=sys.stderr)
         return 2
     if args.plot:
         from sglang_overlap.cli.timeline import draw_timelines

@@ -283,6 +283,15 @@ class GpuInfo:
     sm_count: int | None
 
 
+DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+"""Any of these exists where an NVIDIA driver is loaded (`/dev/dxg`: WSL)."""
+
+
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver (without one, CUDA sees no device)."""
+    return any(os.path.exists(p) for p in DRIVER_FILES)
+
+
 def detect_gpu(assume_arch: str | None = None) -> GpuInfo:
     """The GPU of device 0 (or what `assume_arch` / SGLANG_OVERLAP_ASSUME_ARCH says)."""
     assume = assume_arch or os.environ.get(ASSUME_ARCH_ENV) or None
@@ -292,6 +301,8 @@ def detect_gpu(assume_arch: str | None = None) -> GpuInfo:
                              f"{', '.join(ARCH_CHOICES)} (got {assume!r})")
         cap, sms, name = _ASSUMED[assume]
         return GpuInfo(assume, "assumed", name, cap, sms)  # type: ignore[arg-type]
+    if not nvidia_driver_present():  # CUDA cannot see a device: answer without importing torch
+        return GpuInfo("cpu", "detected", "no CUDA device", None, None)
     import torch
 
     if not torch.cuda.is_available():

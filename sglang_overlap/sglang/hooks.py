@@ -88,6 +88,7 @@ SHARED_PINS: tuple[Pin, ...] = (
 # Glue modules in registration order: each is named after the upstream module it hooks.
 GLUE_MODULES: tuple[str, ...] = (
     "server_args",  # sglang.srt.server_args + the a2a resolution step
+    "model_config",  # sglang.srt.configs.model_config
     "two_batch_overlap",  # sglang.srt.batch_overlap.two_batch_overlap
     "operations",  # sglang.srt.batch_overlap.operations
     "operations_strategy",  # sglang.srt.batch_overlap.operations_strategy

@@ -77,23 +77,30 @@ def _name(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
+def current_report() -> ProbeReport:
+    """What the kernels probe finds here, or the report `probe_override` set (tests)."""
+    return _state["report"] or probe()
+
+
 def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: str,
                report: ProbeReport | None = None) -> tuple[SboDecision, ProbeReport]:
     """The SBO decision for these flags on this machine (shared with `sglang-overlap check`)."""
-    import torch
-
-    from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
-
-    report = report or _state["report"] or probe()
+    report = report or current_report()
     req = SboRequest(enabled=settings.enable_single_batch_overlap,
                      down_gemm_overlap=settings.sbo_down_gemm_overlap,
                      granularity=settings.sbo_signal_granularity,
                      a2a_backend=_name(a2a_backend), runner_backend=_name(runner_backend))
     decision = decide_sbo_path(report.capabilities, req)
     if decision.down_gemm_overlap and report.deep_ep.params is not None:
+        from sglang_overlap.kernels.combine_overlap import (
+            check_combine_call,
+            combine_overlap_kwargs,
+        )
+
+        tensor: Any = object()  # only the keywords are bound: any value stands for a tensor
         probe_kwargs = combine_overlap_kwargs(
-            decision.combine_form, signal=torch.zeros(1), expect_value=1,
-            packed_recv_count=torch.zeros(1), block_m=64, threshold=1, num_sms=1)
+            decision.combine_form, signal=tensor, expect_value=1,
+            packed_recv_count=tensor, block_m=64, threshold=1, num_sms=1)
         check_combine_call(report.deep_ep.params, probe_kwargs)  # at start-up, never mid-serving
     return decision, report
 

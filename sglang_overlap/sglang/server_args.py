@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 from sglang_overlap.settings import (
@@ -121,59 +122,107 @@ def refuse_if_off(settings: OverlapSettings, values: Any) -> None:
                             "start without it, or install a supported sglang)")
 
 
+PROG = "sglang serve"  # SGLang's parser's prog (`prepare_server_args`)
+_raising: list[bool] = []  # non-empty: parse_server_args wants the SettingsError itself
+
+
+def check_settings(settings: OverlapSettings, values: Any) -> list[str]:
+    """THE validation of the plugin's settings, the same for the command line (`sglang serve`,
+    `from_cli_args`) and the Python API (`Engine(**kwargs)` with $SGLANG_OVERLAP_ARGS,
+    `resolve_once`): a feature the version guard turned off, ranges and contradictions
+    (`settings.validate_settings`), a forced SBO path the kernels lack, a served model the
+    requested modes are not proven on. `values` is a ServerArgs or an argparse namespace.
+    Raises SettingsError naming the flags; returns the warnings."""
+    refuse_if_off(settings, values)
+    warnings = _validate(settings, server_facts(values))
+    _refuse_unavailable_sbo_path(settings, values)
+    _refuse_unsupported_model(settings, values)
+    return warnings
+
+
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
     settings = OverlapSettings.from_mapping(vars(args))
-    refuse_if_off(settings, args)
-    for warning in _validate(settings, server_facts(args)):
+    try:
+        warnings = check_settings(settings, args)
+    except SettingsError as exc:
+        if _raising:
+            raise
+        # as argparse ends a bad command line: one line on stderr, exit status 2
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        raise SystemExit(2) from None
+    for warning in warnings:
         logger.warning("sglang-overlap: %s", warning)
-    _refuse_unavailable_sbo_path(settings, args)
-    _refuse_unsupported_gated_model(settings, args)
     setattr(result, state.SETTINGS_ATTR, settings)
 
 
 def _before_resolve_once(server_args: Any, *args: Any, **kwargs: Any) -> None:
-    """A record built by `Engine(**kwargs)`: its overlap flags (upstream fields and
-    $SGLANG_OVERLAP_ARGS, which must parse) are refused like the command line's."""
-    if getattr(server_args, state.SETTINGS_ATTR, None) is None:
-        refuse_if_off(state.settings_of(server_args), server_args)
+    """A record built by `Engine(**kwargs)` (no command line): its settings (upstream fields and
+    $SGLANG_OVERLAP_ARGS, which must parse) get `check_settings`, as the command line's do, and
+    ride on the record to every process. Raises SettingsError (the Engine caller sees it)."""
+    if getattr(server_args, state.SETTINGS_ATTR, None) is not None:
+        return  # from the command line: checked in from_cli_args
+    if getattr(server_args, "_resolution_finished", False):
+        return
+    settings = state.settings_of(server_args)
+    for warning in check_settings(settings, server_args):
+        logger.warning("sglang-overlap: %s", warning)
+    setattr(server_args, state.SETTINGS_ATTR, settings)
 
 
 def hf_config_dict(model_path: str, revision: str | None = None,
                    trust_remote_code: bool = False) -> dict[str, Any] | None:
-    """The served model's HF config as a plain dict, read without the network (a local
-    directory, or the HF cache); None when it cannot be read here."""
+    """The served model's `config.json` as a plain dict, read without the network and without
+    importing transformers: a local directory, or the Hugging Face cache; None when it is not
+    on this machine yet (then the checks run again when the model config is built)."""
     import json
     import os
 
     path = os.path.join(model_path, "config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
-        return data
-    try:
-        from transformers import AutoConfig
+    if not os.path.isfile(path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
 
-        config = AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=True,
-                                            trust_remote_code=trust_remote_code)
-    except Exception:  # noqa: BLE001 - any failure here only defers the check to the scheduler
-        return None
-    return dict(config.to_dict())
+            cached = try_to_load_from_cache(model_path, "config.json", revision=revision)
+        except Exception:  # noqa: BLE001 - not a repo id, no hub client: read it later
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = cached
+    with open(path, encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
 
 
-def _refuse_unsupported_gated_model(settings: OverlapSettings, args: argparse.Namespace) -> None:
-    """--overlap-gating auto prices the served model: refuse one the cost model cannot describe
-    now, naming the missing config field (the scheduler checks again on the loaded config)."""
-    if settings.overlap_gating != "auto":
+def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
+    """Refuse, naming the architecture and the mode, a served model a requested mode is not
+    proven on (`sglang_overlap.models`); with --overlap-gating auto also one the cost model
+    cannot describe, naming the missing config field. Where the model's config.json is not on
+    this machine yet, `model_config.py` runs the same check when SGLang builds the config."""
+    from sglang_overlap.models import requested_modes
+
+    modes = requested_modes(settings)
+    if not modes:
         return
-    from sglang_overlap.planning.cost.model_config import model_from_hf_config
-    from sglang_overlap.planning.cost.profiles import ProfileError
-
     model_path = str(getattr(args, "model_path", "") or "")
     config = hf_config_dict(model_path, getattr(args, "revision", None),
                             bool(getattr(args, "trust_remote_code", False)))
     if config is None:
-        logger.info("sglang-overlap: config of %s not readable before start-up; the gate checks "
-                    "the loaded model's config instead", model_path)
+        logger.info("sglang-overlap: config of %s not readable before start-up; checked when "
+                    "SGLang reads it", model_path)
+        return
+    refuse_model(config, settings, model_path)
+
+
+def refuse_model(config: dict[str, Any], settings: OverlapSettings, model_path: str) -> None:
+    """SettingsError when `config` (an HF config dict) cannot be served with `settings`."""
+    from sglang_overlap.models import architecture_of, refusal, requested_modes
+    from sglang_overlap.planning.cost.model_config import model_from_hf_config
+    from sglang_overlap.planning.cost.profiles import ProfileError
+
+    why = refusal(architecture_of(config), requested_modes(settings))
+    if why is not None:
+        raise SettingsError(why)
+    if settings.overlap_gating != "auto":
         return
     try:
         model_from_hf_config(config)
@@ -182,16 +231,20 @@ def _refuse_unsupported_gated_model(settings: OverlapSettings, args: argparse.Na
                             f"{exc}") from None
 
 
-def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: argparse.Namespace) -> None:
+def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: Any) -> None:
     """On a GPU the SBO table speaks for, refuse a forced path the installed kernels lack now,
     in the launcher, instead of in every scheduler process after the workers spawned."""
     if not settings.enable_single_batch_overlap or settings.requested_a2a_backend == TORCH_A2A:
         return
-    from sglang_overlap.sglang.sbo_decision import decide_sbo
+    from sglang_overlap.sglang.sbo_decision import current_report, decide_sbo
 
-    decision, report = decide_sbo(settings, a2a_backend=settings.requested_a2a_backend,
-                                  runner_backend=str(getattr(args, "moe_runner_backend", "auto")))
-    if report.gpu.arch in ("sm90", "sm100") and decision.refusal is not None:
+    report = current_report()
+    if report.gpu.arch not in ("sm90", "sm100"):
+        return
+    decision, _ = decide_sbo(settings, a2a_backend=settings.requested_a2a_backend,
+                             runner_backend=str(getattr(args, "moe_runner_backend", "auto")),
+                             report=report)
+    if decision.refusal is not None:
         raise SettingsError(f"sglang-overlap: {decision.refusal}")
 
 
@@ -213,7 +266,11 @@ def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
     from sglang.srt.server_args import prepare_server_args
 
     load_plugins()
-    server_args = prepare_server_args(list(argv))
+    _raising.append(True)
+    try:
+        server_args = prepare_server_args(list(argv))
+    finally:
+        _raising.pop()
     return server_args, state.settings_of(server_args)
 
 
@@ -225,7 +282,7 @@ HOOKS: tuple[HookSpec, ...] = (
              "validate the plugin's flags and carry them to every process on the record",
              "src:3a4e3110ef2d", feature="args"),
     HookSpec(RESOLVE_ONCE, _before_resolve_once, "before",
-             "refuse overlap flags of a feature the guard turned off in the Engine API too",
+             "Engine(**kwargs): the command line's validation (check_settings) before any process",
              "src:cea6e91ef921", feature="args"),
 )
 

@@ -34,3 +34,17 @@ def test_console_script_runs_without_torch_or_sglang() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_upstream_flag_is_marked_and_named(capsys) -> None:
+    """The description names the flags marked (SGLang), all of them (there are four)."""
+    from sglang_overlap.settings import upstream_fields
+
+    assert main(["args"]) == 0
+    out = capsys.readouterr().out
+    upstream = [flag_name(f.name) for f in upstream_fields()]
+    assert len(upstream) == 4 and "--moe-a2a-backend" in upstream
+    flat = " ".join(out.split())
+    assert ", ".join(upstream) in flat
+    marked = [line for line in out.splitlines() if line.strip().startswith("(SGLang) ")]
+    assert len(marked) == len(upstream), marked

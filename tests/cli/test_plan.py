@@ -46,7 +46,86 @@ def test_flags_change_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bad_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu", "A100"]) == 2
-    assert "unknown hardware profile 'A100'" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert out.out == "" and "unknown hardware profile 'A100'" in out.err
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["plan", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("sglang", "old"), [
+    (["--model-path", "deepseek-ai/DeepSeek-V3", "--ep-size", "32"], ["--model", "deepseek-v3",
+                                                                     "--ep", "32"]),
+    (["--model-path", "deepseek-ai/DeepSeek-R1", "--expert-parallel-size", "8"],
+     ["--model", "deepseek-r1", "--ep", "8"]),
+    (["--model-path", "Qwen/Qwen3-235B-A22B", "--ep-size", "8"],
+     ["--model", "qwen3-235b", "--ep", "8"]),
+    (["--tp-size", "16", "--nnodes", "2", "--attn-dp-size", "16"], []),
+    (["--tp", "16", "--enable-dp-attention", "--dp", "16"],
+     ["--ep", "16", "--gpus-per-node", "16"]),
+    (["--tensor-parallel-size", "8"], ["--ep", "8", "--gpus-per-node", "8",
+                                       "--no-dp-attention"]),
+])
+def test_sglangs_flag_names_and_the_old_ones_plan_alike(
+        capsys: pytest.CaptureFixture[str], sglang: list[str], old: list[str]) -> None:
+    assert _json(capsys, *sglang) == _json(capsys, *old)
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--ep", "7"], "--ep-size 7 must divide the 256 routed experts of deepseek-v3"),
+    (["--tp", "16", "--ep", "3"], "--ep-size 3 must divide --tp-size 16"),
+    (["--tp", "16", "--nnodes", "3"], "--nnodes 3 must divide --tp-size 16"),
+    (["--tp", "0"], "--tp-size must be >= 1 (got 0)"),
+    (["--tbo-token-distribution-threshold", "0.9"],
+     "--tbo-token-distribution-threshold must be in [0, 0.5] (got 0.9)"),
+    (["--tbo-token-distribution-threshold", "0.9", "--phase", "prefill"],
+     "--tbo-token-distribution-threshold must be in [0, 0.5] (got 0.9)"),
+])
+def test_the_servers_range_checks_on_stderr(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                            error: str) -> None:
+    assert main(["plan", "--json", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"sglang-overlap plan: error: {error}"), out.err
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+@pytest.mark.parametrize("threshold", ["0", "0.5"])
+def test_every_threshold_the_server_accepts_plans(capsys: pytest.CaptureFixture[str],
+                                                  phase: str, threshold: str) -> None:
+    from sglang_overlap.settings import OverlapSettings, ServerFacts, validate_settings
+
+    validate_settings(OverlapSettings(tbo_token_distribution_threshold=float(threshold)),
+                      ServerFacts())
+    data = _json(capsys, "--phase", phase, "--tbo-token-distribution-threshold", threshold)
+    assert data["deployment"]["two_chunk_threshold"] == float(threshold)
+
+
+def test_model_help_puts_each_alias_with_its_model(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "(deepseek-v3, deepseek-r1, dsv3; qwen3-235b-a22b, qwen3-235b)" in flat
+    assert "(alias deepseek-r1)" not in flat
+
+
+def test_a_model_directory_is_read_from_its_config(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_overlap.planning.cost.profiles import load_model
+
+    ref = load_model("deepseek-v3")
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 64,
+              "num_experts_per_tok": 8, "hidden_size": 1024, "moe_intermediate_size": 256,
+              "num_hidden_layers": 4, "first_k_dense_replace": 1, "n_shared_experts": 1,
+              "num_attention_heads": 8, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+              "v_head_dim": 128, "qk_nope_head_dim": 128, "q_lora_rank": 1536,
+              "intermediate_size": 2048, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = _json(capsys, "--model-path", str(tmp_path), "--ep-size", "8")
+    assert data["model"] == tmp_path.name.lower() and data["model"] != ref.name
+    assert main(["plan", "--model-path", str(tmp_path), "--ep-size", "48"]) == 2
+    assert "--ep-size 48 must divide the 64 routed experts" in capsys.readouterr().err
 
 
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,3 +189,36 @@ def test_sbo_served() -> None:
 
     assert path == "per_expert"
     assert producer == ("triton" if deepgemm_signal_unavailable() else "patched_deepgemm")
+
+
+DASHBOARD_VARIABLES = ("model_name", "engine_type", "instance", "dp_rank", "tp_rank")
+
+
+def test_dashboard_variables_are_multi_select_with_all() -> None:
+    import json
+
+    dash = json.loads((REPO / "docs" / "grafana-sglang-overlap.json").read_text())
+    found = {v["name"]: v for v in dash["templating"]["list"]}
+    for name in DASHBOARD_VARIABLES:
+        v = found[name]
+        assert v["multi"] and v["includeAll"] and v["allValue"] == ".*", name
+        assert v["definition"].startswith("label_values(sglang_overlap_info") and (
+            v["definition"].endswith(f", {name})")), name
+
+
+def test_every_dashboard_query_filters_by_every_variable_and_aggregates_over_ranks() -> None:
+    """Each query keeps only the selected model, engine type, instance, DP and TP ranks
+    (`label=~"$label"`, so "All" also matches a series without the label), and sums, averages
+    or takes the max by labels that keep prefill and decode servers apart (engine_type) - never
+    a bare series whose rows multiply with the ranks selected."""
+    import json
+    import re
+
+    dash = json.loads((REPO / "docs" / "grafana-sglang-overlap.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        for name in DASHBOARD_VARIABLES:
+            assert f'{name}=~"${name}"' in expr, (name, expr)
+        assert re.match(r"(sum|avg|max) by \(engine_type, ", expr), expr
+        assert '="$' not in expr, expr  # an exact match would break multi-select

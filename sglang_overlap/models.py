@@ -1,0 +1,118 @@
+"""Which model architectures each overlap mode is proven on, and the refusal for the others.
+
+A cell is either proven - a tiny random instance of the architecture served by a real SGLang
+0.5.23 server on CPU answers token for token as the same server without the plugin, and the
+mode's path is seen running (the test named in the cell) - or refused when the server starts,
+naming the architecture and the mode. No cell is allowed without proof: an architecture missing
+from `TABLE` is refused for every mode. (SGLang #36840: SBO ran silently wrong on a model whose
+layers lacked the matching operation strategy.)
+
+One source for the README's table (`markdown_table`, compared with README.md by a test), for the
+server (`sglang/server_args.py` refuses at argument parsing when the model's config.json is on
+this machine, `sglang/model_config.py` when SGLang builds the model config) and for
+`sglang-overlap check`. Plain Python: no torch, no sglang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Mode = Literal["tbo", "two_chunk", "sbo", "gate", "torch_a2a"]
+
+MODES: dict[Mode, str] = {
+    "tbo": "--enable-two-batch-overlap (TBO)",
+    "two_chunk": "two-chunk (TBO with --tbo-token-distribution-threshold > 0)",
+    "sbo": "--enable-single-batch-overlap (SBO)",
+    "gate": "--overlap-gating auto",
+    "torch_a2a": "--moe-a2a-backend torch_a2a",
+}
+"""Each mode, as the flags that ask for it."""
+
+_E2E = "tests/e2e/test_overlap_servers.py"
+_DSV3_PROOF: dict[Mode, str] = {
+    "tbo": f"{_E2E} (`tbo`), tests/e2e/test_graph_servers.py",
+    "two_chunk": f"{_E2E} (`tbo`: the long prompt is cut in two)",
+    "sbo": f"{_E2E} (`sbo`), tests/e2e/test_graph_servers.py (DeepEP stand-ins)",
+    "gate": f"{_E2E} (`auto`), tests/e2e/test_gating.py",
+    "torch_a2a": f"{_E2E} (`a2a`)",
+}
+_V2 = "tests/e2e/test_model_servers.py"
+_DSV2_PROOF: dict[Mode, str] = {
+    "tbo": f"{_V2} (`dsv2_tbo`)",
+    "two_chunk": f"{_V2} (`dsv2_tbo`: the long prompt is cut in two)",
+    "sbo": f"{_V2} (`dsv2_sbo`)",
+    "gate": f"{_V2} (`dsv2_auto`)",
+    "torch_a2a": f"{_V2} (every overlap server)",
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One row: an HF `architectures[0]` and, per mode, the test that proves it (absent:
+    refused at start, for `why`)."""
+
+    name: str
+    models: str
+    proven: Mapping[Mode, str] = field(default_factory=dict)
+    why: str = ""
+
+
+TABLE: tuple[Architecture, ...] = (
+    Architecture("DeepseekV3ForCausalLM", "DeepSeek-V3, DeepSeek-R1", _DSV3_PROOF),
+    Architecture("DeepseekV2ForCausalLM", "DeepSeek-V2, DeepSeek-V2-Lite", _DSV2_PROOF),
+    Architecture(
+        "Qwen3MoeForCausalLM", "Qwen3-30B-A3B, Qwen3-235B-A22B", {},
+        "SGLang's Qwen3-MoE has its own MoE layer and TBO operation strategy; the plugin's "
+        "per-step SBO switch covers DeepseekV2MoE layers only, and no Qwen3-MoE has run in a CPU "
+        "server with the plugin yet"),
+)
+
+
+def requested_modes(settings: Any) -> list[Mode]:
+    """The modes an `OverlapSettings` asks for, in `MODES` order."""
+    asked: dict[Mode, bool] = {
+        "tbo": settings.enable_two_batch_overlap,
+        "two_chunk": settings.two_chunk_enabled,
+        "sbo": settings.enable_single_batch_overlap,
+        "gate": settings.overlap_gating == "auto",
+        "torch_a2a": settings.requested_a2a_backend == "torch_a2a",
+    }
+    return [m for m in MODES if asked[m]]
+
+
+def architecture_of(config: Mapping[str, Any]) -> str | None:
+    """`architectures[0]` of an HF config dict (None: the config names none)."""
+    archs = config.get("architectures") or []
+    return str(archs[0]) if archs else None
+
+
+def refusal(architecture: str | None, modes: list[Mode]) -> str | None:
+    """The SettingsError text for serving `architecture` with `modes`; None when every mode
+    is proven on it."""
+    row = next((r for r in TABLE if r.name == architecture), None)
+    unproven = [m for m in modes if row is None or m not in row.proven]
+    if not unproven:
+        return None
+    proven_on = [r.name for r in TABLE if all(m in r.proven for m in unproven)]
+    why = row.why if row is not None else "not in the plugin's table of proven models"
+    return (f"sglang-overlap: {', '.join(MODES[m] for m in unproven)} is not supported on "
+            f"{architecture or 'a model whose config names no architecture'} ({why}); proven "
+            f"on: {', '.join(proven_on) or 'none'}. Start without "
+            f"{'these flags' if len(unproven) > 1 else 'this flag'} (see README, 'Supported "
+            "models')")
+
+
+def markdown_table() -> str:
+    """The table as README.md shows it."""
+    head = ["architecture", "models", *(MODES[m].split(" (")[0] for m in MODES)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in TABLE:
+        cells = ["proven" if m in r.proven else "refused at start" for m in MODES]
+        lines.append(f"| `{r.name}` | {r.models} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["MODES", "TABLE", "Architecture", "architecture_of", "markdown_table", "refusal",
+           "requested_modes"]
