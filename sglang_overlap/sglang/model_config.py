@@ -35,5 +35,5 @@ def after_from_server_args(result: Any, server_args: Any, *args: Any, **kwargs: 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(FROM_SERVER_ARGS, after_from_server_args, "after",
              "refuse a mode not proven on the served architecture when the config is read",
-             "src:5cfefaaad06a", feature="args"),
+             "src:4905163949a7", feature="args"),
 )
