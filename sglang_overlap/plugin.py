@@ -24,7 +24,8 @@ _done: dict[str, bool] = {}
 def guard_verdict() -> tuple[Any, bool]:
     """The version guard's verdict on the installed sglang (files read, nothing imported), and
     whether it turns any feature off; the argument hooks are told (they refuse what is off)."""
-    from sglang_overlap.sglang import guard, hooks, server_args
+    from sglang_overlap.sglang import guard, hooks
+    from sglang_overlap.sglang.upstream import server_args
 
     verdict = guard.check_features([*hooks.all_specs(), *hooks.resolution_specs()],
                                    hooks.SHARED_PINS)
@@ -34,7 +35,8 @@ def guard_verdict() -> tuple[Any, bool]:
 
 
 def register() -> None:
-    from sglang_overlap.sglang import guard, hooks, server_args
+    from sglang_overlap.sglang import guard, hooks
+    from sglang_overlap.sglang.upstream import server_args
 
     specs, resolutions = hooks.all_specs(), hooks.resolution_specs()
     verdict, off = guard_verdict()

@@ -240,7 +240,7 @@ def _parse(argv: list[str], flags: dict[str, Any],
            full: bool) -> tuple[OverlapSettings | None, Any]:
     """(settings, the parsed namespace or ServerArgs); (None, None) with the error in
     flags["errors"] when the server would refuse `argv`."""
-    from sglang_overlap.sglang.server_args import check_settings, server_facts
+    from sglang_overlap.sglang.upstream.server_args import check_settings, server_facts
 
     if not argv:
         return OverlapSettings(), None  # no flags: the machine alone

@@ -100,7 +100,7 @@ def parse_with_sglang(argv: list[str]) -> Any:
     """A ServerArgs exactly as `sglang serve` parses `argv` with the plugin loaded (the plugin's
     `check_settings` included). Raises FlagError (SGLang's parser, one line: its usage text is
     dropped) or SettingsError (the plugin's validation)."""
-    from sglang_overlap.sglang.server_args import parse_server_args
+    from sglang_overlap.sglang.upstream.server_args import parse_server_args
 
     err = io.StringIO()
     try:

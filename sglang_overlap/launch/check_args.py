@@ -35,7 +35,7 @@ def _argparse_error(text: str) -> str:
 
 def _check_one(argv: list[str]) -> dict[str, object]:
     from sglang_overlap.settings import SettingsError
-    from sglang_overlap.sglang.server_args import parse_server_args
+    from sglang_overlap.sglang.upstream.server_args import parse_server_args
 
     err = io.StringIO()
     try:

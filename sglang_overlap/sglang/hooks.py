@@ -97,11 +97,11 @@ GLUE_MODULES: tuple[str, ...] = (
     "model_runner",  # sglang.srt.model_executor.model_runner
     "internal_state",  # sglang.srt.managers.scheduler_components.internal_state
     "forward_batch_info",  # sglang.srt.model_executor.forward_batch_info
-    "deepep_dispatcher",  # sglang.srt.layers.moe.token_dispatcher.deepep
-    "ep_moe",  # sglang.srt.layers.moe.ep_moe.layer
+    "token_dispatcher_deepep",  # sglang.srt.layers.moe.token_dispatcher.deepep
+    "ep_moe_layer",  # sglang.srt.layers.moe.ep_moe.layer
     "moe_utils",  # sglang.srt.layers.moe.utils
     "single_batch_overlap",  # sglang.srt.batch_overlap.single_batch_overlap
-    "deep_gemm_wrapper",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
+    "deep_gemm_wrapper_entrypoint",  # sglang.srt.layers.deep_gemm_wrapper.entrypoint
     "metrics_collector",  # sglang.srt.observability.metrics_collector
     "deepseek_v2",  # sglang.srt.models.deepseek_v2
     "decode_cuda_graph_runner",  # sglang.srt.model_executor.runner.decode_cuda_graph_runner
@@ -109,7 +109,7 @@ GLUE_MODULES: tuple[str, ...] = (
 
 
 def _glue(name: str) -> Any:
-    return importlib.import_module(f"sglang_overlap.sglang.{name}")
+    return importlib.import_module(f"sglang_overlap.sglang.upstream.{name}")
 
 
 def all_specs() -> list[HookSpec]:

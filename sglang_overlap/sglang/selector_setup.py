@@ -28,7 +28,8 @@ from sglang_overlap.planning.cost.profiles import (
 )
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.settings import OverlapSettings
-from sglang_overlap.sglang import deepseek_v2, state
+from sglang_overlap.sglang import state
+from sglang_overlap.sglang.upstream import deepseek_v2
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, Transport
 
 logger = logging.getLogger("sglang_overlap")

@@ -1,4 +1,4 @@
-"""GPU: the SBO glue's down-GEMM route (sglang/deep_gemm_wrapper.py) on the plugin's signal GEMM.
+"""GPU: the SBO glue's down-GEMM route (upstream/deep_gemm_wrapper_entrypoint.py) on the plugin's signal GEMM.
 
 What SGLang's `DeepGemmRunnerCore._run_masked_gemm` would hand `grouped_gemm_nt_f8f8bf16_masked`
 on Hopper once `compute_overlap_args` has run through the plugin: fp8 operands with fp32 block
@@ -35,8 +35,8 @@ def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m
     pytest.importorskip("triton")
     from sglang_overlap.kernels import fp8
     from sglang_overlap.planning.sbo_path import SboDecision, SboPath
-    from sglang_overlap.sglang.deep_gemm_wrapper import masked_gemm
-    from sglang_overlap.sglang.single_batch_overlap import apply_plugin_signal
+    from sglang_overlap.sglang.upstream.deep_gemm_wrapper_entrypoint import masked_gemm
+    from sglang_overlap.sglang.upstream.single_batch_overlap import apply_plugin_signal
 
     n, k = 7168, 2048  # DeepSeek-V3 down projection
     gen = torch.Generator(device="cuda").manual_seed(e * 1000 + m_cap)

@@ -15,7 +15,7 @@ from tests.conftest import require_module
 require_module("sglang.srt.server_args")
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
+from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 from sglang_overlap.sglang.state import SETTINGS_ATTR, settings_of  # noqa: E402
 
 MODEL = ["--model-path", "/nonexistent/tiny-dsv3"]
@@ -184,7 +184,7 @@ def test_engine_with_good_settings_carries_them_on_the_record(
     """What the Engine path validated rides on the record to the scheduler processes."""
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_overlap.sglang.server_args import _before_resolve_once
+    from sglang_overlap.sglang.upstream.server_args import _before_resolve_once
 
     monkeypatch.setenv("SGLANG_OVERLAP_ARGS", "--overlap-gating-hysteresis 0.1")
     record = ServerArgs(model_path=MODEL[1], enable_two_batch_overlap=True,

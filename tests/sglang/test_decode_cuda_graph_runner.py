@@ -30,7 +30,7 @@ from sglang.srt.runtime_context import get_flags  # noqa: E402
 
 from sglang_overlap import stats  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang import decode_cuda_graph_runner as glue  # noqa: E402
+from sglang_overlap.sglang.upstream import decode_cuda_graph_runner as glue  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
 
 BOTH = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True,

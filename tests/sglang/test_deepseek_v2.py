@@ -174,7 +174,7 @@ def test_a_model_whose_sbo_cannot_be_switched_is_refused_naming_the_flags() -> N
     from types import SimpleNamespace
 
     from sglang_overlap.settings import SettingsError
-    from sglang_overlap.sglang import deepseek_v2
+    from sglang_overlap.sglang.upstream import deepseek_v2
 
     ok = SimpleNamespace(modules=lambda: [_moe_like(DeepseekV2MoE), torch.nn.Linear(1, 1)])
     bad = SimpleNamespace(modules=lambda: [_moe_like(DeepseekV2MoE), _moe_like(_OtherMoE)])

@@ -1,4 +1,4 @@
-"""Tests for sglang/ep_moe.py: `DeepEPMoE.run_moe_core` runs the local experts in torch only
+"""Tests for upstream/ep_moe_layer.py: `DeepEPMoE.run_moe_core` runs the local experts in torch only
 under `--moe-a2a-backend torch_a2a` and only on a dispatch the torch all-to-all produced;
 everything else goes to upstream unchanged. SBO signals are counted."""
 
@@ -15,7 +15,8 @@ layer = require_module("sglang.srt.layers.moe.ep_moe.layer")
 
 from sglang_overlap import stats  # noqa: E402
 from sglang_overlap.settings import OverlapSettings  # noqa: E402
-from sglang_overlap.sglang import ep_moe, state, torch_a2a  # noqa: E402
+from sglang_overlap.sglang import state, torch_a2a  # noqa: E402
+from sglang_overlap.sglang.upstream import ep_moe_layer as ep_moe
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.conftest import require_module
 fbi = require_module("sglang.srt.model_executor.forward_batch_info")
 torch_native = require_module("sglang.srt.layers.attention.torch_native_backend")
 
-from sglang_overlap.sglang import forward_batch_info as glue  # noqa: E402
+from sglang_overlap.sglang.upstream import forward_batch_info as glue  # noqa: E402
 
 
 def _call(runner: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:

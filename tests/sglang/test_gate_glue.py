@@ -36,16 +36,11 @@ from sglang_overlap.planning.cost.profiles import (  # noqa: E402
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig  # noqa: E402
 from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang import (  # noqa: E402
-    dp_attn,
-    internal_state,
-    model_runner,
-    request_receiver,
-    selector_setup,
-    state,
-)
+from sglang_overlap.sglang import # noqa: E402
+    dp_attn, selector_setup, state
+from sglang_overlap.sglang.upstream import internal_state, model_runner, request_receiver
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, SelectorShare  # noqa: E402
-from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
+from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTO = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True,
@@ -430,7 +425,8 @@ BROADCAST_RANK = textwrap.dedent("""
     from sglang.srt.utils.common import broadcast_pyobj
     from sglang_overlap.planning.cost.prior import FlatPrior
     from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
-    from sglang_overlap.sglang import request_receiver, selector_setup
+    from sglang_overlap.sglang import selector_setup
+    from sglang_overlap.sglang.upstream import request_receiver
     from sglang_overlap.sglang.selector_runtime import SelectorRuntime
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=2)

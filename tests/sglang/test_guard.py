@@ -168,7 +168,7 @@ from sglang_overlap.sglang import guard
 {patch}
 from sglang_overlap.settings import SettingsError
 from sglang_overlap.sglang import hooks
-from sglang_overlap.sglang.server_args import parse_server_args
+from sglang_overlap.sglang.upstream.server_args import parse_server_args
 try:
     server_args, settings = parse_server_args({argv!r})
 except SettingsError as exc:
@@ -244,7 +244,7 @@ def test_cpu_only_drift_keeps_sbo_and_tbo_on_a_gpu_server() -> None:
 def test_drift_without_overlap_flags_serves_plain_sglang() -> None:
     done = _run(FAKE_VERSION, [])
     assert done.returncode == 0, done.stderr[-3000:]
-    from sglang_overlap.sglang.server_args import ALWAYS
+    from sglang_overlap.sglang.upstream.server_args import ALWAYS
 
     assert f"SERVED False {sorted(ALWAYS)}" in done.stdout, done.stdout + done.stderr[-2000:]
     inert = [line for line in done.stderr.splitlines() if "the plugin is inert" in line]

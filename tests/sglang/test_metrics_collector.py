@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from sglang_overlap.sglang import metrics_collector as mc  # noqa: E402
+from sglang_overlap.sglang.upstream import metrics_collector as mc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = {"rows": [{"phase": "decode", "tokens": [16, 19], "mode": "none", "count": 60,
@@ -33,7 +33,7 @@ INFO = {"sbo_path": "per_expert", "sbo_producer": "triton", "deep_gemm_version":
 SCRIPT = textwrap.dedent("""
     import sys
     from sglang_overlap import stats
-    from sglang_overlap.sglang import metrics_collector as mc
+    from sglang_overlap.sglang.upstream import metrics_collector as mc
     mc.info_labels = lambda: {info!r}
     rank = sys.argv[1]
     ex = mc.Exporter({{"model_name": "tiny", "tp_rank": int(rank), "pp_rank": 0}})
@@ -123,7 +123,7 @@ def test_info_guard_label_names_the_features_turned_off() -> None:
     pytest.importorskip("sglang")
     from types import SimpleNamespace
 
-    from sglang_overlap.sglang import server_args
+    from sglang_overlap.sglang.upstream import server_args
 
     server_args.set_verdict(SimpleNamespace(off={"tbo": "changed", "gate": "changed"}))
     try:

@@ -14,7 +14,7 @@ from tests.conftest import require_module
 strategy = require_module("sglang.srt.batch_overlap.operations_strategy")
 operations = require_module("sglang.srt.batch_overlap.operations")
 
-from sglang_overlap.sglang import operations_strategy as glue  # noqa: E402
+from sglang_overlap.sglang.upstream import operations_strategy as glue  # noqa: E402
 
 _NAMES = ("op_comm_prepare_attn", "op_comm_prepare_mlp", "op_comm_postprocess_layer")
 _ATTN = ("op_prepare", "op_core")

@@ -25,13 +25,9 @@ require_module("sglang")
 from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
 from sglang_overlap.settings import SettingsError  # noqa: E402
-from sglang_overlap.sglang import (  # noqa: E402
-    deep_gemm_wrapper,
-    deepep_dispatcher,
-    moe_utils,
-    sbo_decision,
-    single_batch_overlap,
-)
+from sglang_overlap.sglang import # noqa: E402
+    deep_gemm_wrapper, sbo_decision
+from sglang_overlap.sglang.upstream import token_dispatcher_deepep as deepep_dispatcher, moe_utils, single_batch_overlap
 
 apply_plugin_signal = single_batch_overlap.apply_plugin_signal
 masked_gemm = deep_gemm_wrapper.masked_gemm
@@ -46,7 +42,7 @@ INSTALLED_LEGACY = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}."
 def contexts(tiny_dsv3: Path) -> dict[str, Any]:
     from sglang.srt.runtime_context import create_context
 
-    from sglang_overlap.sglang.server_args import parse_server_args
+    from sglang_overlap.sglang.upstream.server_args import parse_server_args
 
     out = {}
     variants = {"auto": BASE, "force": [*BASE, "--sbo-down-gemm-overlap", "force"],

@@ -16,7 +16,7 @@ from sglang.srt.runtime_context import create_context, use_context  # noqa: E402
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
-from sglang_overlap.sglang.server_args import parse_server_args  # noqa: E402
+from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 
 
 def _context(model: Path, *flags: str):  # noqa: ANN202

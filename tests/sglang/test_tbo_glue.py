@@ -13,7 +13,7 @@ tbo = require_module("sglang.srt.batch_overlap.two_batch_overlap")
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
-from sglang_overlap.sglang import two_batch_overlap as glue  # noqa: E402
+from sglang_overlap.sglang.upstream import two_batch_overlap as glue  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,7 +22,7 @@ def after_from_server_args(result: Any, server_args: Any, *args: Any, **kwargs: 
     if kwargs.get("is_draft_model"):
         return
     from sglang_overlap.models import requested_modes
-    from sglang_overlap.sglang.server_args import refuse_model
+    from sglang_overlap.sglang.upstream.server_args import refuse_model
 
     settings = state.settings_of(server_args)
     if not requested_modes(settings):

@@ -22,7 +22,7 @@ from typing import Any
 
 from sglang_overlap import stats
 from sglang_overlap.sglang import selector_setup, state
-from sglang_overlap.sglang.decode_cuda_graph_runner import step_graph_mode
+from sglang_overlap.sglang.upstream.decode_cuda_graph_runner import step_graph_mode
 from sglang_overlap.sglang.hooks import HookSpec
 
 INITIALIZE = "sglang.srt.model_executor.model_runner.ModelRunner.initialize"

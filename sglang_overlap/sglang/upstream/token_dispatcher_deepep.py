@@ -16,7 +16,7 @@ from sglang_overlap.planning.sbo_path import SboDecision
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 from sglang_overlap.sglang.sbo_decision import active_decision
-from sglang_overlap.sglang.server_args import TORCH_A2A
+from sglang_overlap.sglang.upstream.server_args import TORCH_A2A
 
 DEEPEP = "sglang.srt.layers.moe.token_dispatcher.deepep"
 DISPATCHER_INIT = f"{DEEPEP}.DeepEPDispatcher.__init__"

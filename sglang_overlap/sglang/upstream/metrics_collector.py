@@ -107,7 +107,8 @@ def info_labels() -> dict[str, str]:
     """The SBO path this process serves, its down-GEMM producer, the kernel versions and the
     version guard's verdict."""
     from sglang_overlap.kernels.capabilities import package_version
-    from sglang_overlap.sglang import sbo_decision, server_args, state
+    from sglang_overlap.sglang import sbo_decision, state
+    from sglang_overlap.sglang.upstream import server_args
 
     path, producer = sbo_served(state.settings(), sbo_decision.active_decision())
     verdict = server_args._verdict.get("verdict")  # noqa: SLF001 - the guard's, set at register
@@ -140,7 +141,7 @@ def gate_table() -> dict[str, Any] | None:
     """The mode selector's learned table (the one GET /server_info serves), None without auto
     gating."""
     from sglang_overlap.sglang import selector_setup
-    from sglang_overlap.sglang.internal_state import served_table
+    from sglang_overlap.sglang.upstream.internal_state import served_table
 
     rt = selector_setup.runtime()
     return None if rt is None else served_table(rt)

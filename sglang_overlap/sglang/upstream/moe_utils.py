@@ -10,7 +10,7 @@ from typing import Any
 from sglang_overlap.settings import SettingsError
 from sglang_overlap.sglang import sbo_decision, state
 from sglang_overlap.sglang.hooks import HookSpec
-from sglang_overlap.sglang.server_args import TORCH_A2A
+from sglang_overlap.sglang.upstream.server_args import TORCH_A2A
 
 logger = logging.getLogger("sglang_overlap")
 

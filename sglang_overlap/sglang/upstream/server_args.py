@@ -47,7 +47,7 @@ A2A_RESOLUTION_STEP = "handle_a2a_moe"
 A2A_RESOLUTION_TARGET = "sglang.srt.arg_groups.moe_hook.handle_a2a_moe"
 
 TORCH_A2A = "torch_a2a"
-"""The a2a backend the plugin adds to --moe-a2a-backend (`deepep_dispatcher.py`)."""
+"""The a2a backend the plugin adds to --moe-a2a-backend (`upstream/token_dispatcher_deepep.py`)."""
 
 _verdict: dict[str, Any] = {}  # "verdict": the guard's FeatureVerdict when a feature is off
 

@@ -9,7 +9,7 @@ from typing import Any
 from sglang_overlap import stats
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
-from sglang_overlap.sglang.server_args import TORCH_A2A
+from sglang_overlap.sglang.upstream.server_args import TORCH_A2A
 
 RUN_MOE_CORE = "sglang.srt.layers.moe.ep_moe.layer.DeepEPMoE.run_moe_core"
 
