@@ -5,6 +5,7 @@ file names alone, so a hook added to the wrong file fails here."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -26,15 +27,17 @@ def test_the_hook_files_are_the_registered_ones() -> None:
 
 
 def owner_module(target: str) -> str:
-    """The dotted module of a hook target: `a.b.mod.Class.method` -> `a.b.mod` (a module name is
-    lowercase, a class name is not; a function's name is the last part)."""
+    """The module a hook target lives in: its longest dotted prefix that is an importable module
+    (`a.b.mod.Class.method` -> `a.b.mod`)."""
     parts = target.split(".")
-    while parts and (parts[-1][:1].isupper() or parts[-1].startswith("_") or len(parts) > 1
-                     and importlib.util.find_spec(".".join(parts)) is None):
-        parts.pop()
-        if importlib.util.find_spec(".".join(parts)) is not None:
-            break
-    return ".".join(parts)
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except (ImportError, AttributeError, ValueError):
+            continue
+    raise AssertionError(f"no module in {target!r}")
 
 
 @pytest.mark.parametrize("name", hooks.GLUE_MODULES)
