@@ -14,7 +14,7 @@ module per job:
 - `driver.py`     ctypes bindings on libcuda: module load, TMA descriptors, launch;
 - `launch.py`     operand checks and the launch on the current torch stream.
 
-The patch (`patches/deep_gemm/<version>/`) adds to `sm90_fp8_gemm_1d2d_impl` an `int* signal`
+The patch (`patches/<version>/` in this package) adds to `sm90_fp8_gemm_1d2d_impl` an `int* signal`
 argument and four template parameters: after each output tile's TMA store has completed, one lane
 of an idle TMA warp adds 1 with a gpu-scope release to the tile's unit - per (expert, 64-row
 block) or per expert - and at start credits the units of the blocks past `masked_m` that the

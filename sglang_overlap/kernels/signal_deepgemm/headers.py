@@ -22,8 +22,8 @@ from sglang_overlap.kernels.signal_deepgemm.versions import (
     producer_for,
 )
 
-# kernels/deepgemm_patches links to patches/deep_gemm (shipped as package data)
-PATCH_DIR = Path(__file__).resolve().parent.parent / "deepgemm_patches"
+# patches/<version>/<Release.patch>, shipped as package data
+PATCH_DIR = Path(__file__).resolve().parent / "patches"
 CACHE_ENV = "SGLANG_OVERLAP_CACHE"
 
 

@@ -1,9 +1,9 @@
 """The deep_gemm releases the signal patch is made for, as a table (no torch, no deep_gemm).
 
 One row per release: the exact sha256 of its `sm90_fp8_gemm_1d2d.cuh`, the patch file under
-`patches/deep_gemm/<version>/`, and the template arguments the release's kernel takes between
-`cd_dtype_t` and the patch's signal parameters. Supporting another release is one row and one
-patch file; `producer_for` is the whole serving rule.
+`patches/<version>/` next to this module (package data), and the template arguments the release's
+kernel takes between `cd_dtype_t` and the patch's signal parameters. Supporting another release is
+one row and one patch file; `producer_for` is the whole serving rule.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Release:
     template_tail: tuple[str, ...]
     """Template arguments after `cd_dtype_t` and before the signal parameters."""
     patch: str = PATCH_FILE
-    """File under patches/deep_gemm/<version>/."""
+    """File under `headers.PATCH_DIR`/<version>/."""
 
 
 _IDENTITY = "epilogue::transform::EpilogueIdentity"
@@ -63,7 +63,7 @@ def producer_for(version: str | None, header_sha256: str | None) -> tuple[Produc
     release = RELEASES.get(version)
     if release is None:
         return "triton", (f"deep_gemm {version}: the SBO signal patch covers {covered} "
-                          "(patches/deep_gemm/)")
+                          "(kernels/signal_deepgemm/patches/)")
     if header_sha256 is None:
         return "triton", f"deep_gemm {version} ships no {KERNEL_HEADER}"
     if header_sha256 != release.header_sha256:
