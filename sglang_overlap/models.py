@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Mode = Literal["tbo", "two_chunk", "sbo", "gate", "torch_a2a"]
+from sglang_overlap.modes import Feature
+
+Mode = Feature  # what a model is proven in: the overlap modes, the selector and torch_a2a
 
 MODES: dict[Mode, str] = {
-    "tbo": "--enable-two-batch-overlap (TBO)",
-    "two_chunk": "two-chunk (TBO with --tbo-token-distribution-threshold > 0)",
-    "sbo": "--enable-single-batch-overlap (SBO)",
-    "gate": "--overlap-gating auto",
-    "torch_a2a": "--moe-a2a-backend torch_a2a",
+    Feature.TBO: "--enable-two-batch-overlap (TBO)",
+    Feature.TWO_CHUNK: "two-chunk (TBO with --tbo-token-distribution-threshold > 0)",
+    Feature.SBO: "--enable-single-batch-overlap (SBO)",
+    Feature.GATE: "--overlap-gating auto",
+    Feature.TORCH_A2A: "--moe-a2a-backend torch_a2a",
 }
 """Each mode, as the flags that ask for it."""
 
@@ -73,11 +75,11 @@ TABLE: tuple[Architecture, ...] = (
 def requested_modes(settings: Any) -> list[Mode]:
     """The modes an `OverlapSettings` asks for, in `MODES` order."""
     asked: dict[Mode, bool] = {
-        "tbo": settings.enable_two_batch_overlap,
-        "two_chunk": settings.two_chunk_enabled,
-        "sbo": settings.enable_single_batch_overlap,
-        "gate": settings.overlap_gating == "auto",
-        "torch_a2a": settings.requested_a2a_backend == "torch_a2a",
+        Feature.TBO: settings.enable_two_batch_overlap,
+        Feature.TWO_CHUNK: settings.two_chunk_enabled,
+        Feature.SBO: settings.enable_single_batch_overlap,
+        Feature.GATE: settings.overlap_gating == "auto",
+        Feature.TORCH_A2A: settings.requested_a2a_backend == "torch_a2a",
     }
     return [m for m in MODES if asked[m]]
 

@@ -31,7 +31,10 @@ from sglang_overlap.kernels.capabilities import (
     package_dir,
     probe,
 )
+from sglang_overlap.modes import Mode
 from sglang_overlap.settings import OverlapSettings, SettingsError, validate_settings
+
+NO_A2A = "none"  # --moe-a2a-backend's value for no all-to-all backend
 
 ENTRY_GROUP, ENTRY_NAME = "sglang.srt.plugins", "sglang_overlap"
 _IMPORT_SNIPPET = """
@@ -210,12 +213,12 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     status = 0
     if settings is None:
         status = 2
-        out["sbo"] = {"path": None, "reason": "not evaluated: the flags would be refused",
+        out[Mode.SBO] = {"path": None, "reason": "not evaluated: the flags would be refused",
                       "refusal": None}
-        out["tbo"] = {"path": None}
+        out[Mode.TBO] = {"path": None}
     else:
-        out["sbo"], status = _sbo(settings, values, report)
-        out["tbo"] = {"path": _tbo(settings, values)}
+        out[Mode.SBO], status = _sbo(settings, values, report)
+        out[Mode.TBO] = {"path": _tbo(settings, values)}
     out["compat"] = _compat(report, out, settings)
     if out["sglang"].get("guard", "ok") != "ok":
         status = status or 1
@@ -283,8 +286,8 @@ def _compat(report: ProbeReport, out: dict[str, Any],
             and not patched["available"]:  # e.g. the installed header is not the patched one
         verdict["fast_path_serves"] = False
         verdict["missing"] = [{"needs": "the patched DeepGEMM producer", "fix": patched["reason"]}]
-    asked = settings.requested_a2a_backend if settings is not None else "none"
-    if asked != "none":
+    asked = settings.requested_a2a_backend if settings is not None else NO_A2A
+    if asked != NO_A2A:
         backend = {r.name: r.tbo.split()[0] for r in rows()}
         verdict["matched"] = [m for m in verdict["matched"] if backend[m] == asked]
         verdict["backend"] = asked

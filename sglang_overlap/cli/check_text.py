@@ -6,6 +6,7 @@ from typing import Any
 
 from sglang_overlap.cli.check import ENTRY_NAME
 from sglang_overlap.kernels.capabilities import nvidia_driver_present
+from sglang_overlap.modes import Mode
 
 
 def render(out: dict[str, Any]) -> str:
@@ -39,7 +40,7 @@ def render(out: dict[str, Any]) -> str:
         + f" ({k['plugin_patched_deepgemm']['reason']})",
     ]
     lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]
-    sbo = out["sbo"]
+    sbo = out[Mode.SBO]
     lines.append(f"SBO: {sbo['path'] or 'REFUSED'}: {sbo['refusal'] or sbo['reason']}")
     lines.append(f"TBO: {out['tbo']['path']}")
     lines += _compat_lines(out["compat"])

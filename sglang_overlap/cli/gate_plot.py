@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MODES = ("none", "tbo", "two_chunk", "sbo")  # bar order in each bucket
-_COLORS = {"none": "#7F7F7F", "tbo": "#4C78A8", "two_chunk": "#F58518", "sbo": "#54A24B"}
+from sglang_overlap.modes import PHASES, Mode
+
+BAR_ORDER = (Mode.NONE, Mode.TBO, Mode.TWO_CHUNK, Mode.SBO)  # in each bucket
+_COLORS = {Mode.NONE: "#7F7F7F", Mode.TBO: "#4C78A8", Mode.TWO_CHUNK: "#F58518",
+           Mode.SBO: "#54A24B"}
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,13 @@ def plot_data(table: dict[str, Any]) -> list[PhasePlot]:
     """The bars of `table` (as GET /server_info serves it: rows of phase, tokens [lo, hi], mode,
     count, mean_ms), decode first; modes never measured in a phase are left out."""
     out = []
-    for phase in ("decode", "prefill"):
+    for phase in PHASES:
         rows = [r for r in table["rows"] if r["phase"] == phase]
         if not rows:
             continue
         spans = sorted({tuple(r["tokens"]) for r in rows})
         index = {span: i for i, span in enumerate(spans)}
-        modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+        modes = [m for m in BAR_ORDER if any(r["mode"] == m for r in rows)]
         modes += sorted({r["mode"] for r in rows} - set(modes))
         ms: dict[str, list[float | None]] = {m: [None] * len(spans) for m in modes}
         count = {m: [0] * len(spans) for m in modes}
@@ -93,8 +96,8 @@ def draw_gate(table: dict[str, Any], path: str | Path, title: str = "") -> Path:
         ax.set_title(f"{ph.phase}: step time per token bucket and mode (shade: fastest "
                      "measured, the mode served)", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("tokens on the busiest rank per step (bucket)")
-    fig.legend(handles=[Patch(color=_COLORS[m], label=m) for m in MODES],
-               loc="upper right", fontsize=8, ncol=len(MODES))
+    fig.legend(handles=[Patch(color=_COLORS[m], label=m) for m in BAR_ORDER],
+               loc="upper right", fontsize=8, ncol=len(BAR_ORDER))
     fig.suptitle(title or "what --overlap-gating auto learned", fontsize=10, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     out = Path(path)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sglang_overlap.modes import PHASES, Mode, Phase
 from sglang_overlap.planning.cost.cost_model import MODES, Prediction, predict
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.profiles import (
@@ -52,7 +53,7 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
                         "benchmarks/calibrate.py, or {\"base\": \"H20\", ...} overrides)")
     p.add_argument("--model-path", "--model", dest="model", default="deepseek-v3",
                    metavar="MODEL", help=_model_help())
-    p.add_argument("--phase", choices=("decode", "prefill"), default=DEFAULTS.phase)
+    p.add_argument("--phase", choices=PHASES, default=DEFAULTS.phase)
     p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep", type=int,
                    default=None, help=f"expert-parallel size (default: --tp-size if given, else "
                    f"{DEFAULTS.ep_size}); must divide the model's routed experts")
@@ -146,14 +147,14 @@ def to_json(pred: Prediction) -> dict[str, Any]:
 def describe(pred: Prediction) -> str:
     d = pred.deployment
     attn = "DP attention" if d.dp_attention else f"attention TP{d.attn_tp_size}"
-    unit = "sequences" if d.phase == "decode" else "tokens"
+    unit = "sequences" if d.phase == Phase.DECODE else "tokens"
     return (f"{pred.model.name} {d.phase} on {pred.hardware.name}: EP{d.ep_size} over "
             f"{d.num_nodes} node(s) x {d.gpus_per_node} GPUs, {attn}, "
             f"{d.tokens_per_gpu} {unit}/GPU, context {d.context_len}")
 
 
 def table(pred: Prediction) -> str:
-    kind = "output" if pred.deployment.phase == "decode" else "input"
+    kind = "output" if pred.deployment.phase == Phase.DECODE else "input"
     lines = [describe(pred), "",
              f"{'mode':<10} {'MoE layer':>11} {'step':>11} {kind + ' tok/s/GPU':>17} "
              f"{'gain vs none':>13}"]
@@ -166,7 +167,7 @@ def table(pred: Prediction) -> str:
                      f"{e.throughput_per_gpu:>17.1f} {e.gain_vs_none:>+12.1%}{mark}")
     best = pred.estimates[pred.recommended]
     lines += ["", f"recommended: {pred.recommended}"
-              + (f" ({best.gain_vs_none:+.1%} throughput over none)" if best.mode != "none" else
+              + (f" ({best.gain_vs_none:+.1%} throughput over none)" if best.mode != Mode.NONE else
                  " (no overlap mode is predicted to pay here)"),
               f"hardware profile: {pred.hardware.source}"]
     return "\n".join(lines)

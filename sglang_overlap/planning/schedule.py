@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sglang_overlap.modes import Mode
 from sglang_overlap.planning.cost.stage_costs import StageCosts
 from sglang_overlap.planning.interleave import interleaved_order
 
@@ -188,15 +189,15 @@ def _two_batch_tasks(costs: tuple[StageCosts, StageCosts], layers: int, decode: 
 
 def build_tasks(mode: str, costs: tuple[StageCosts, ...], layers: int, decode: bool) -> list[Task]:
     """The issue-ordered tasks of `layers` MoE layers under `mode`."""
-    if mode in ("tbo", "two_chunk"):
+    if mode in (Mode.TBO, Mode.TWO_CHUNK):
         if len(costs) != 2:
             raise ValueError(f"{mode} needs two micro-batches' costs (got {len(costs)})")
         return _two_batch_tasks((costs[0], costs[1]), layers, decode)
     b = _Builder()
     for layer in range(layers):
-        if mode == "sbo":
+        if mode == Mode.SBO:
             _sbo_layer(b, costs[0], layer)
-        elif mode == "none":
+        elif mode == Mode.NONE:
             _serial_layer(b, costs[0], layer)
         else:
             raise ValueError(f"unknown overlap mode {mode!r}; expected none, sbo, tbo, two_chunk")

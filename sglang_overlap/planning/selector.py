@@ -17,17 +17,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
 
+from sglang_overlap.modes import TIE_ORDER, Mode, Phase, StepDecision, phase_of
 from sglang_overlap.planning.cost.prior import Prior
 from sglang_overlap.planning.selector_estimates import Estimates
-from sglang_overlap.planning.selector_exploration import ORDER, Exploration
+from sglang_overlap.planning.selector_exploration import Exploration
 from sglang_overlap.planning.step_table import StepTable, cell_index, measure_bucket
 
 logger = logging.getLogger("sglang_overlap.selector")
 
-Mode = Literal["none", "tbo", "sbo"]
-Phase = Literal["decode", "prefill"]
 HYSTERESIS_FLAG = "--overlap-gating-hysteresis"
 EXPLORE_FLAG = "--overlap-gating-explore"
 TRIALS_FLAG = "--overlap-gating-trials"
@@ -73,29 +71,6 @@ class SelectorConfig:
                              f"{self.refresh_first}, {self.max_count}, {self.explore_margin})")
 
 
-class Decision(NamedTuple):
-    """One step's decision (a NamedTuple: built every step, cheaply)."""
-
-    mode: Mode
-    estimates: Mapping[str, float]  # us per candidate: measured, or the calibrated prior
-    measured: frozenset[str] = frozenset()  # the candidates whose estimate is measured
-    phase: str = "decode"
-    busiest: int = 0
-    mean: float = 0.0
-    bucket: int = 0
-    step: int = 0  # the selector's step counter (same on every rank)
-    why: str = ""
-    explored: bool = False
-    changed: bool = False  # mode, or being an exploration, differs from the phase's last step
-
-    @property
-    def reason(self) -> str:
-        times = ", ".join(f"{m}={t / 1e3:.3f}ms{'' if m in self.measured else '(prior)'}"
-                          for m, t in sorted(self.estimates.items()))
-        return (f"step {self.step} {self.phase} busiest={self.busiest} mean={self.mean:.1f} "
-                f"tokens/rank: {self.mode} ({self.why}); {times}")
-
-
 class ModeSelector:
     """Chooses a mode per step from shared data; one instance per rank, fed the same inputs."""
 
@@ -106,9 +81,9 @@ class ModeSelector:
         self._estimates = Estimates(self.config.min_trials, self.config.max_count)
         self.exploration = Exploration(self.config, self._estimates)
         self.steps = 0
-        self.chosen: dict[tuple[str, str], int] = {}  # (phase, mode) -> steps it ran
-        self._current: dict[str, str] = {}  # phase -> the mode hysteresis holds on to
-        self._last: dict[str, tuple[str, bool]] = {}  # phase -> (mode, explored) last step
+        self.chosen: dict[tuple[Phase, Mode], int] = {}  # (phase, mode) -> steps it ran
+        self._current: dict[Phase, Mode] = {}  # phase -> the mode hysteresis holds on to
+        self._last: dict[Phase, tuple[Mode, bool]] = {}  # phase -> (mode, explored) last step
 
     @property
     def table(self) -> StepTable:
@@ -125,38 +100,40 @@ class ModeSelector:
         (`StepTable.take`); call it with the same triples at the same step on every rank."""
         self._estimates.merge_cells(cells)
 
-    def correction(self, phase: str, mode: str, bucket: int | None = None) -> float | None:
+    def correction(self, phase: Phase, mode: Mode, bucket: int | None = None) -> float | None:
         """`mode`'s measured / predicted ratio to none, carried to load `bucket` from the
         nearest buckets that measured it (None: over all of them); None: never measured."""
         return self._estimates.correction(phase, mode, bucket)
 
-    def estimates(self, phase: str, busiest: int, mean: float,
-                  candidates: Sequence[str]) -> tuple[dict[str, float], frozenset[str]]:
+    def estimates(self, phase: Phase, busiest: int, mean: float,
+                  candidates: Sequence[Mode]) -> tuple[dict[Mode, float], frozenset[Mode]]:
         """(us per candidate, the measured ones) at this load."""
-        base = cell_index(phase, measure_bucket(busiest), "none")
+        base = cell_index(phase, measure_bucket(busiest), Mode.NONE)
         return self._estimates.estimate(base, self.prior.predictions(phase, busiest, mean),
                                         candidates, phase)
 
-    def decide(self, phase: Phase, global_tokens_per_rank: Sequence[int],
-               available: frozenset[str] | None = None) -> Decision:
-        """The mode for this step. `global_tokens_per_rank`: every DP rank's token count (the
-        all-gathered `global_num_tokens`), identical on all ranks; `available`: the modes that
-        can run this step (None: every candidate), identical on all ranks."""
-        if phase != "decode" and phase != "prefill":
-            raise ValueError(f"ModeSelector.decide: phase must be decode or prefill "
-                             f"(got {phase!r})")
+    def decide(self, phase: Phase | str, global_tokens_per_rank: Sequence[int],
+               available: frozenset[Mode] | None = None) -> StepDecision:
+        """The decision for this step. `global_tokens_per_rank`: every DP rank's token count
+        (the all-gathered `global_num_tokens`), identical on all ranks; `available`: the modes
+        that can run this step (None: every candidate), identical on all ranks. The decision's
+        `cell` is the step table cell its time goes into (None for an idle step)."""
+        try:
+            phase = phase_of(phase)
+        except ValueError as exc:
+            raise ValueError(f"ModeSelector.decide: {exc}") from None
         busiest = max(global_tokens_per_rank, default=0)
         if busiest <= 0:
-            return Decision("none", {}, phase=phase, step=self.steps,
-                            why="idle step: every rank has 0 tokens")
+            return StepDecision(Mode.NONE, phase, step=self.steps,
+                                why="idle step: every rank has 0 tokens")
         mean = sum(global_tokens_per_rank) / len(global_tokens_per_rank)
         candidates = self.prior.candidates(phase)
         if available is not None:
-            candidates = tuple(m for m in candidates if m == "none" or m in available)
+            candidates = tuple(m for m in candidates if m == Mode.NONE or m in available)
         self.steps += 1
         self.exploration.phase_steps[phase] += 1
         bucket = measure_bucket(busiest)
-        base = cell_index(phase, bucket, "none")
+        base = cell_index(phase, bucket, Mode.NONE)
         prior = self.prior.predictions(phase, busiest, mean)
         self._estimates.note_prior(base, prior)
         estimates, measured = self._estimates.estimate(base, prior, candidates, phase)
@@ -171,14 +148,15 @@ class ModeSelector:
         changed = self._last.get(phase) != last
         if changed:
             self._last[phase] = last
-        decision = Decision(chosen, estimates, measured, phase, busiest,  # type: ignore[arg-type]
-                            mean, bucket, self.steps, why, explore is not None, changed)
+        decision = StepDecision(chosen, phase, cell_index(phase, bucket, chosen), why,
+                                "selector", estimates, measured, busiest, mean, bucket,
+                                self.steps, explore is not None, changed)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("mode selector: %s", decision.reason)
         return decision
 
-    def _choose(self, phase: str, estimates: Mapping[str, float]) -> tuple[str, str]:
-        best = min(estimates, key=lambda m: (estimates[m], ORDER[m]))
+    def _choose(self, phase: Phase, estimates: Mapping[Mode, float]) -> tuple[Mode, str]:
+        best = min(estimates, key=lambda m: (estimates[m], TIE_ORDER[m]))
         current = self._current.get(phase)
         if current is None or current not in estimates:
             if current is None:
@@ -193,5 +171,5 @@ class ModeSelector:
         return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
 
 
-__all__ = ["Decision", "Mode", "ModeSelector", "Phase", "SelectorConfig", "check_explore_share",
+__all__ = ["ModeSelector", "SelectorConfig", "check_explore_share",
            "check_hysteresis", "check_trials"]

@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sglang_overlap.planning.step_table import MODES, StepTable, bucket_of, cell_index
+from sglang_overlap.modes import PHASES, SELECTOR_MODES, Mode, Phase
+from sglang_overlap.planning.step_table import StepTable, bucket_of, cell_index
 
-OFFSET = {m: i for i, m in enumerate(MODES)}  # a mode's cell is its bucket's base + this
-_PREFILL_BASE = cell_index("prefill", 0, "none")  # bases below it are decode buckets
+OFFSET = {m: i for i, m in enumerate(SELECTOR_MODES)}  # a mode's cell: its bucket's base + this
+_PREFILL_BASE = cell_index(Phase.PREFILL, 0, Mode.NONE)  # bases below it are decode buckets
 
 
 class Estimates:
@@ -36,13 +37,13 @@ class Estimates:
         self.max_count = max_count
         self.table = StepTable()
         self.fresh: dict[int, tuple[int, int]] = {}  # refreshing cell -> (count, total us)
-        self._prior_ratio: dict[int, dict[str, float]] = {}  # base -> prior(m) / prior(none)
-        self._correction: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+        self._prior_ratio: dict[int, dict[Mode, float]] = {}  # base -> prior(m) / prior(none)
+        self._correction: dict[Phase, dict[Mode, float]] = {p: {} for p in PHASES}
         # phase -> mode -> bucket -> log(measured ratio / prior ratio)
-        self._logs: dict[str, dict[str, dict[int, float]]] = {"decode": {}, "prefill": {}}
-        self._near: dict[tuple[str, str, int], float] = {}  # correction() at a bucket, cached
+        self._logs: dict[Phase, dict[Mode, dict[int, float]]] = {p: {} for p in PHASES}
+        self._near: dict[tuple[Phase, Mode, int], float] = {}  # correction() at a bucket, cached
 
-    def correction(self, phase: str, mode: str, bucket: int | None = None) -> float | None:
+    def correction(self, phase: Phase, mode: Mode, bucket: int | None = None) -> float | None:
         """measured / predicted of `mode` relative to none at the buckets nearest to `bucket`
         that measured it (None: over every such bucket); None where none measured it."""
         if bucket is None:
@@ -57,16 +58,16 @@ class Estimates:
             self._near[key] = math.exp(sum(near) / len(near))
         return self._near[key]
 
-    def corrections(self, phase: str) -> Mapping[str, float]:
+    def corrections(self, phase: Phase) -> Mapping[Mode, float]:
         """mode -> its correction over every bucket that measured it (the modes measured)."""
         return self._correction[phase]
 
-    def note_prior(self, base: int, prior: Mapping[str, float]) -> None:
+    def note_prior(self, base: int, prior: Mapping[Mode, float]) -> None:
         """Remember the prior's ratios at bucket `base` (once), for the corrections."""
         if base not in self._prior_ratio:
-            none = prior.get("none", 0.0)
+            none = prior.get(Mode.NONE, 0.0)
             self._prior_ratio[base] = {m: t / none for m, t in prior.items()
-                                       if m != "none" and none > 0}
+                                       if m != Mode.NONE and none > 0}
 
     def start_refresh(self, cell: int) -> None:
         self.fresh.setdefault(cell, (0, 0))
@@ -99,13 +100,13 @@ class Estimates:
 
     def _update_corrections(self) -> None:
         counts, totals = self.table.counts, self.table.totals
-        self._logs = {"decode": {}, "prefill": {}}
+        self._logs = {p: {} for p in PHASES}
         self._near = {}
         for base, ratios in self._prior_ratio.items():
             n_none = counts[base]
             if not n_none:
                 continue
-            phase = "decode" if base < _PREFILL_BASE else "prefill"
+            phase = Phase.DECODE if base < _PREFILL_BASE else Phase.PREFILL
             none_us = totals[base] / n_none
             for m, prior_ratio in ratios.items():
                 cell = base + OFFSET[m]
@@ -118,11 +119,11 @@ class Estimates:
                                     for m, v in by_mode.items()}
                             for phase, by_mode in self._logs.items()}
 
-    def estimate(self, base: int, prior: Mapping[str, float], candidates: Sequence[str],
-                 phase: str) -> tuple[dict[str, float], frozenset[str]]:
+    def estimate(self, base: int, prior: Mapping[Mode, float], candidates: Sequence[Mode],
+                 phase: Phase) -> tuple[dict[Mode, float], frozenset[Mode]]:
         """(us per candidate, the measured ones) at bucket `base`."""
         counts, totals = self.table.counts, self.table.totals
-        out: dict[str, float] = {}
+        out: dict[Mode, float] = {}
         for m in candidates:
             cell = base + OFFSET[m]
             n = counts[cell]

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from sglang_overlap.modes import PHASES, TIE_ORDER, Mode, Phase
 from sglang_overlap.planning.selector_estimates import OFFSET, Estimates
 from sglang_overlap.planning.step_table import bucket_of
 
-ORDER = {"none": 0, "tbo": 1, "sbo": 2}  # ties go to the simpler mode
 NEAR_BUCKETS = 4  # buckets per power of two of load (`step_table.measure_bucket`)
 
 
@@ -46,16 +46,16 @@ class Exploration:
     def __init__(self, config: ExploreConfig, estimates: Estimates) -> None:
         self.config = config
         self._estimates = estimates
-        self.phase_steps = {"decode": 0, "prefill": 0}
-        self.phase_explored = {"decode": 0, "prefill": 0}
+        self.phase_steps = dict.fromkeys(PHASES, 0)
+        self.phase_explored = dict.fromkeys(PHASES, 0)
         self._trials: dict[int, int] = {}  # cell -> times chosen
         self._last_trial: dict[int, int] = {}  # cell -> the bucket's step when last chosen
         self._bucket_steps: dict[int, int] = {}  # bucket base -> steps in the bucket
         self._gap: dict[int, int] = {}  # cell -> bucket steps until its next refresh
-        self._ran: dict[tuple[str, str], set[int]] = {}  # (phase, mode) -> buckets it ran in
+        self._ran: dict[tuple[Phase, Mode], set[int]] = {}  # (phase, mode) -> buckets it ran in
 
-    def pick(self, phase: str, base: int, chosen: str, estimates: Mapping[str, float]
-             ) -> tuple[str, str] | None:
+    def pick(self, phase: Phase, base: int, chosen: Mode, estimates: Mapping[Mode, float]
+             ) -> tuple[Mode, str] | None:
         """(the mode to measure instead of `chosen`, why), or None."""
         cfg = self.config
         if self.phase_explored[phase] + 1 > cfg.explore_share * self.phase_steps[phase]:
@@ -66,7 +66,7 @@ class Exploration:
         best = min(estimates.values())
         correction = self._estimates.corrections(phase)
         due = []
-        stale: str | None = None
+        stale: Mode | None = None
         for m in estimates:
             if m == chosen:
                 continue
@@ -81,7 +81,7 @@ class Exploration:
                     or not self.ran_near(phase, m, base)):
                 due.append(m)
         if due:
-            return min(due, key=lambda m: (estimates[m], ORDER[m])), \
+            return min(due, key=lambda m: (estimates[m], TIE_ORDER[m])), \
                 "exploring: measured too few times here"
         if stale is None:
             return None
@@ -91,7 +91,7 @@ class Exploration:
         self._estimates.start_refresh(cell)
         return stale, f"refreshing: not run here for {now - self._last_trial[cell]} steps"
 
-    def ran_near(self, phase: str, mode: str, base: int) -> bool:
+    def ran_near(self, phase: Phase, mode: Mode, base: int) -> bool:
         """Whether `mode` ran in a bucket of `phase` within `NEAR_BUCKETS` of bucket `base`."""
         here = bucket_of(base)
         return any(abs(b - here) <= NEAR_BUCKETS for b in self._ran.get((phase, mode), ()))
@@ -100,7 +100,7 @@ class Exploration:
         """The bucket steps `cell`'s mode may go unchosen before it is refreshed."""
         return self._gap.get(cell, min(self.config.refresh_first, self.config.refresh_every))
 
-    def count(self, phase: str, base: int, mode: str, explored: bool) -> None:
+    def count(self, phase: Phase, base: int, mode: Mode, explored: bool) -> None:
         """`mode` ran in bucket `base` (explored: to measure it)."""
         self.phase_explored[phase] += explored
         now = self._bucket_steps.get(base, 0) + 1

@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-PHASES = ("decode", "prefill")
-MODES = ("none", "tbo", "sbo")  # the selector's modes (prefill TBO is "tbo" too)
+from sglang_overlap.modes import PHASES, SELECTOR_MODES, Mode, Phase
+
 NUM_BUCKETS = 96
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
-_MODE_INDEX = {m: i for i, m in enumerate(MODES)}
-NUM_CELLS = len(PHASES) * NUM_BUCKETS * len(MODES)
+_MODE_INDEX = {m: i for i, m in enumerate(SELECTOR_MODES)}
+NUM_CELLS = len(PHASES) * NUM_BUCKETS * len(SELECTOR_MODES)
 
 
 def measure_bucket(tokens: int) -> int:
@@ -53,22 +53,23 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return lo, (1 << 62) if index == NUM_BUCKETS - 1 else hi
 
 
-def cell_index(phase: str, bucket: int, mode: str) -> int:
-    return (_PHASE_INDEX[phase] * NUM_BUCKETS + bucket) * len(MODES) + _MODE_INDEX[mode]
+def cell_index(phase: Phase, bucket: int, mode: Mode) -> int:
+    return ((_PHASE_INDEX[phase] * NUM_BUCKETS + bucket) * len(SELECTOR_MODES)
+            + _MODE_INDEX[mode])
 
 
 def bucket_of(cell: int) -> int:
     """The load bucket of a cell (`cell_index(phase, bucket, mode)`)."""
-    return cell // len(MODES) % NUM_BUCKETS
+    return cell // len(SELECTOR_MODES) % NUM_BUCKETS
 
 
 @dataclass(frozen=True)
 class TableRow:
-    phase: str
+    phase: Phase
     bucket: int
     tokens_lo: int
     tokens_hi: int
-    mode: str
+    mode: Mode
     count: int
     mean_us: float
 
@@ -142,7 +143,7 @@ class StepTable:
         out: list[TableRow] = []
         for phase in PHASES:
             for bucket in range(NUM_BUCKETS):
-                for mode in MODES:
+                for mode in SELECTOR_MODES:
                     cell = cell_index(phase, bucket, mode)
                     n = self.counts[cell]
                     if n:
@@ -165,5 +166,5 @@ def format_rows(rows: Iterable[TableRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODES", "NUM_BUCKETS", "NUM_CELLS", "PHASES", "StepTable", "TableRow",
+__all__ = ["NUM_BUCKETS", "NUM_CELLS", "StepTable", "TableRow",
            "bucket_bounds", "cell_index", "format_rows", "measure_bucket"]

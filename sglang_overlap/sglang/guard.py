@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_overlap.modes import Feature
+
 SUPPORTED_SGLANG = ("0.5.23",)
 
 
@@ -243,8 +245,8 @@ def check_features(specs: Iterable[Any], shared: Iterable[Any] = (),
             where = off_on_cpu if getattr(spec, "cpu_only", False) else off
             where.setdefault(spec.feature, problem)
             break
-    if "args" in off:
-        off = dict.fromkeys(features, off["args"])
+    if Feature.ARGS in off:
+        off = dict.fromkeys(features, off[Feature.ARGS])
     return FeatureVerdict(first.installed, off, off_on_cpu, frozenset(changed))
 
 

@@ -17,16 +17,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-HookKind = Literal["before", "after", "around", "replace"]
-Feature = Literal["args", "tbo", "sbo", "gate", "torch_a2a", "metrics"]
+from sglang_overlap.modes import Feature
 
+HookKind = Literal["before", "after", "around", "replace"]
 FEATURES: dict[Feature, str] = {
-    "args": "the plugin's flags",
-    "tbo": "TBO and two-chunk",
-    "sbo": "SBO",
-    "gate": "--overlap-gating auto",
-    "torch_a2a": "--moe-a2a-backend torch_a2a",
-    "metrics": "the plugin's series in /metrics (no flag: off means not exported)",
+    Feature.ARGS: "the plugin's flags",
+    Feature.TBO: "TBO and two-chunk",
+    Feature.SBO: "SBO",
+    Feature.GATE: "--overlap-gating auto",
+    Feature.TORCH_A2A: "--moe-a2a-backend torch_a2a",
+    Feature.METRICS: "the plugin's series in /metrics (no flag: off means not exported)",
 }
 """What each feature serves; a changed pin of "args" turns every feature off."""
 
@@ -87,7 +87,8 @@ SHARED_PINS: tuple[Pin, ...] = (
 
 # Glue modules in registration order: each is named after the upstream module it hooks.
 GLUE_MODULES: tuple[str, ...] = (
-    "server_args",  # sglang.srt.server_args + the a2a resolution step
+    "server_args",  # sglang.srt.server_args
+    "moe_hook",  # sglang.srt.arg_groups.moe_hook (the a2a resolution step)
     "model_config",  # sglang.srt.configs.model_config
     "two_batch_overlap",  # sglang.srt.batch_overlap.two_batch_overlap
     "operations",  # sglang.srt.batch_overlap.operations

@@ -6,8 +6,8 @@ arguments, neither of which any released wheel accepts. The plugin keeps upstrea
 (`DeepseekV2MoE.forward_deepep`: shared expert between dispatch send and receive; down GEMM
 beside the combine send) and routes its kernel calls to what is installed, as chosen here by
 `planning.sbo_path.decide_sbo_path` from `kernels.capabilities`. The hooks that act on the
-decision are in `moe_utils.py`, `single_batch_overlap.py`, `upstream/deep_gemm_wrapper_entrypoint.py` and
-`upstream/token_dispatcher_deepep.py`.
+decision are in `upstream/`: `moe_utils.py`, `single_batch_overlap.py`,
+`deep_gemm_wrapper_entrypoint.py` and `token_dispatcher_deepep.py`.
 
 CUDA graphs: the decision is fixed per process before the model is built; the signal layout is a
 pure function of static shapes; no Python state changes between capture and replay.

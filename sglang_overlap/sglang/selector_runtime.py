@@ -24,20 +24,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
-from sglang_overlap.planning.selector import Decision, ModeSelector
-from sglang_overlap.planning.step_table import (
-    MODES,
-    NUM_BUCKETS,
-    StepTable,
-    cell_index,
-    format_rows,
-)
+from sglang_overlap.modes import SELECTOR_MODES, Mode, Phase, StepDecision
+from sglang_overlap.planning.selector import ModeSelector
+from sglang_overlap.planning.step_table import NUM_BUCKETS, StepTable, format_rows
 
 logger = logging.getLogger("sglang_overlap")
 
 TABLE_LOG_STEPS = 4096
 RIDE_WAIT = 4  # broadcast: a share waits this many sync periods for a list carrying requests
-_CELLS_PER_PHASE = NUM_BUCKETS * len(MODES)
+_CELLS_PER_PHASE = NUM_BUCKETS * len(SELECTOR_MODES)
 
 
 Transport = Literal["broadcast", "all_reduce"]
@@ -73,7 +68,6 @@ class SelectorRuntime:
         self.calls = 0
         self.syncs = 0
         self._shared_at = 0  # broadcast: `calls` when the leader last attached a share
-        self.pending: int | None = None  # the cell of the step decided, until its forward
         self._events: deque[tuple[int, Any, Any]] = deque()
         self._logged_at = 0
 
@@ -85,28 +79,27 @@ class SelectorRuntime:
         if self.transport == "all_reduce" and self.calls % self.sync_steps == 0:
             self.sync()
 
-    def expect(self, decision: Decision) -> None:
-        """The next forward is `decision`'s step: time it into that cell (on a rank whose
-        times are shared)."""
-        if decision.busiest <= 0:
-            self.pending = None
-            return
-        cell = cell_index(decision.phase, decision.bucket, decision.mode)
-        if self.transport == "all_reduce" and cell not in self._key_set:
+    def decide(self, phase: Phase | str, tokens: list[int],
+               available: frozenset[Mode] | None = None) -> StepDecision:
+        """This step's decision (`ModeSelector.decide`); with `all_reduce`, its cell joins the
+        cells shared from now on (the same cells, in the same order, on every rank)."""
+        decision = self.selector.decide(phase, tokens, available)
+        cell = decision.cell
+        if cell is not None and self.transport == "all_reduce" and cell not in self._key_set:
             self._key_set.add(cell)
             self._keys.append(cell)
-        self.pending = cell if self.source else None
+        return decision
 
-    # -- measurements ---------------------------------------------------------------------
-    def take_pending(self) -> int | None:
-        cell, self.pending = self.pending, None
-        return cell
+    def timed_cell(self, decision: StepDecision) -> int | None:
+        """The cell a forward running `decision` is timed into: the selector's cell on a rank whose
+        times are shared, else None (not timed)."""
+        return decision.cell if self.source and decision.source == "selector" else None
 
     def record(self, cell: int, us: float) -> None:
         """One timed step. The first step of each (phase, mode) in this process is dropped: it
         carries one-off costs (allocations, kernel JIT) the mode does not have in steady state.
         Ranks may drop different steps; what they share is still the same everywhere."""
-        key = cell // _CELLS_PER_PHASE * len(MODES) + cell % len(MODES)
+        key = cell // _CELLS_PER_PHASE * len(SELECTOR_MODES) + cell % len(SELECTOR_MODES)
         if key in self._seen:
             self.local.add(cell, us)
             self._touched[cell] = None

@@ -16,6 +16,7 @@ import atexit
 import logging
 from typing import Any
 
+from sglang_overlap.modes import Mode
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior, Prior
 from sglang_overlap.planning.cost.profiles import (
@@ -29,20 +30,20 @@ from sglang_overlap.planning.cost.profiles import (
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.settings import OverlapSettings
 from sglang_overlap.sglang import state
-from sglang_overlap.sglang.upstream import deepseek_v2
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, Transport
+from sglang_overlap.sglang.upstream import deepseek_v2
 
 logger = logging.getLogger("sglang_overlap")
 
 FLAG = "--overlap-hardware-profile"
 
 
-def enabled_modes(s: OverlapSettings) -> frozenset[str]:
-    enabled: set[str] = set()
+def enabled_modes(s: OverlapSettings) -> frozenset[Mode]:
+    enabled: set[Mode] = set()
     if s.enable_two_batch_overlap:
-        enabled |= {"tbo", "two_chunk"} if s.two_chunk_enabled else {"tbo"}
+        enabled |= {Mode.TBO, Mode.TWO_CHUNK} if s.two_chunk_enabled else {Mode.TBO}
     if s.enable_single_batch_overlap:
-        enabled.add("sbo")
+        enabled.add(Mode.SBO)
     return frozenset(enabled)
 
 

@@ -6,9 +6,16 @@ the command line (the Python `Engine(**kwargs)` API) carries none: then the upst
 has, plus the flags in $SGLANG_OVERLAP_ARGS, are used. The settings read from a published record
 are kept until another record is published (a process serves one; tests switch contexts).
 
-Besides the settings: whether the plugin's TBO step is running (SBO does not apply inside TBO, as
-upstream), the mode selector's mode for the current step (`step_mode`; `upstream_flags` makes
-SGLang's own TBO/SBO code follow it), and the SM counts SBO layouts are planned on.
+Besides the settings: the step's decision (`StepDecision`), whether the plugin's TBO step is
+running (SBO does not apply inside TBO, as upstream), and the SM counts SBO layouts are planned on.
+
+The step's decision travels one way. The mode selector makes it where SGLang has synced the step
+across ranks (`upstream/dp_attn.py`: `hand_over`); the served model's forward takes it
+(`upstream/model_runner.py`: `take_handed_over`, or `upstream_rule` for a step the selector did not
+decide) and runs the step inside `step(decision)`. Inside, every hook reads `decision()`: the
+decode graph set replayed and its key (`upstream/decode_cuda_graph_runner.py`, which also captures
+each set inside `step` with that set's mode), whether the MoE layers run SBO (`sbo_active`,
+`upstream/deepseek_v2.py`), the timing cell and the counters. Nobody derives the mode again.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
+from sglang_overlap.modes import Mode, StepDecision
 from sglang_overlap.planning.sbo_layout import HOPPER_NUM_SMS, default_comm_num_sms
 from sglang_overlap.settings import OverlapSettings, SettingsError, add_arguments
 
@@ -34,7 +42,8 @@ _NOT_PUBLISHED = "Global server args is not set yet!"
 _settings: OverlapSettings | None = None  # set by configure()
 _read: tuple[Any, OverlapSettings] | None = None  # (the published record, its settings)
 _tbo_depth = 0
-_step_mode: str | None = None  # --overlap-gating auto: the selector's mode for the current step
+_handed: list[StepDecision | None] = [None]  # made by the selector, not yet taken by a forward
+_current: list[StepDecision | None] = [None]  # the decision of the step running now
 
 
 def settings() -> OverlapSettings:
@@ -114,23 +123,44 @@ def in_tbo() -> bool:
     return _tbo_depth > 0
 
 
-def set_step_mode(mode: str | None) -> None:
-    global _step_mode
-    _step_mode = mode
+def hand_over(decision: StepDecision | None) -> None:
+    """The selector's decision for the next forward of the served model (None: the next step is
+    undecided, e.g. SGLang skipped its metadata sync; SGLang's own rule then applies)."""
+    _handed[0] = decision
 
 
-def step_mode() -> str | None:
-    """The mode selector's mode for the current step (None: no selector decided this step)."""
-    return _step_mode
+def take_handed_over() -> StepDecision | None:
+    """The decision handed over for this forward, once (a later forward gets None)."""
+    d, _handed[0] = _handed[0], None
+    return d
+
+
+@contextlib.contextmanager
+def step(decision: StepDecision | None) -> Iterator[StepDecision | None]:
+    """Run the block as `decision`'s step (None: outside any step); a nested step (a graph
+    capture, a graph replayed as the mode it was captured in) restores the outer one."""
+    saved, _current[0] = _current[0], decision
+    try:
+        yield decision
+    finally:
+        _current[0] = saved
+
+
+def decision() -> StepDecision | None:
+    """The decision of the step running now (None: outside a step of the served model, e.g. a
+    draft model's forward or a graph captured without per-mode sets)."""
+    return _current[0]
 
 
 def sbo_active() -> bool:
-    """SBO applies to this MoE call: enabled, not inside TBO, and (with the mode selector,
-    --overlap-gating auto) the selector chose it for this step."""
-    s = settings()
-    if not s.enable_single_batch_overlap or in_tbo():
+    """SBO applies to this MoE call: enabled, and the step's decision is SBO; outside a step,
+    SGLang's own rule (enabled and not inside TBO)."""
+    if not settings().enable_single_batch_overlap:
         return False
-    return s.overlap_gating != "auto" or _step_mode in (None, "sbo")
+    d = _current[0]
+    if d is not None:
+        return d.mode == Mode.SBO
+    return not in_tbo()
 
 
 @contextlib.contextmanager

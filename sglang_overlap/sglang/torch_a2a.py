@@ -5,8 +5,9 @@ combine with the kernels' `AllToAllDispatcher` over the tensor-parallel group (g
 on GPU), and the routed experts run per local expert on their valid rows (`kernels.experts`).
 Everything else is SGLang's DeepEP machinery, unchanged: tokens scattered over the attention-TP
 ranks before the MoE and gathered after, the MLP sync that decides TBO, the TBO child batches and
-stage operations, the SBO dispatch hook. The hooks routing SGLang here: `server_args.py`
-(resolution to deepep), `upstream/token_dispatcher_deepep.py` (the impls), `upstream/ep_moe_layer.py` (the experts).
+stage operations, the SBO dispatch hook. The hooks routing SGLang here, in `upstream/`:
+`server_args.py` (resolution to deepep), `token_dispatcher_deepep.py` (the impls),
+`ep_moe_layer.py` (the experts).
 
 Legend: T tokens of this rank, K top-k, H hidden, E_local local experts, C LL capacity.
 """

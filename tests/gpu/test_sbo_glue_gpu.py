@@ -1,4 +1,5 @@
-"""GPU: the SBO glue's down-GEMM route (upstream/deep_gemm_wrapper_entrypoint.py) on the plugin's signal GEMM.
+"""GPU: the SBO glue's down-GEMM route (upstream/deep_gemm_wrapper_entrypoint.py) on the
+plugin's signal GEMM.
 
 What SGLang's `DeepGemmRunnerCore._run_masked_gemm` would hand `grouped_gemm_nt_f8f8bf16_masked`
 on Hopper once `compute_overlap_args` has run through the plugin: fp8 operands with fp32 block

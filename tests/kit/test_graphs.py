@@ -86,25 +86,25 @@ def test_python_values_that_differ_from_capture_are_counted(counters: Path) -> N
 
 
 def test_a_replay_runs_the_overlap_mode_it_was_captured_in(counters: Path) -> None:
-    """A graph replays the kernels of its capture: the plugin's step mode (and SGLang's TBO/SBO
-    switches, where a runtime context exists) seen by a replay are the capture's, whatever they
-    are live, and the live ones are back after the replay."""
+    """A graph replays the kernels of its capture: the plugin's step decision (and SGLang's
+    TBO/SBO switches, where a runtime context exists) seen by a replay are the capture's, whatever
+    they are live, and the live ones are back after the replay."""
+    from sglang_overlap.modes import Mode, Phase, StepDecision
     from sglang_overlap.sglang import state
 
-    seen: list[str | None] = []
+    seen: list[object] = []
     backend = graphs.StandInGraphBackend(None, tp_group=_Group(), tp_rank=0)
     key = ShapeKey(4, None, None, None)
-    state.set_step_mode("sbo")
-    try:
+    captured, live = (StepDecision(m, Phase.DECODE) for m in (Mode.SBO, Mode.NONE))
+    with state.step(captured):
         with backend.capture_session(None):
-            backend.capture_one(key, lambda: (seen.append(state.step_mode()), torch.zeros(1))[1])
-        state.set_step_mode("none")
+            backend.capture_one(key, lambda: (seen.append(state.decision()), torch.zeros(1))[1])
+    with state.step(live):
         seen.clear()
         backend.replay(key, None)
-        assert seen == ["sbo"]
-        assert state.step_mode() == "none"
-    finally:
-        state.set_step_mode(None)
+        assert seen == [captured]
+        assert state.decision() is live
+    assert state.decision() is None
 
 
 def test_the_snapshot_carries_the_deep_ep_stand_ins_calls(counters: Path,

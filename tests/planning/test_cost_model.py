@@ -13,7 +13,8 @@ import dataclasses
 
 import pytest
 
-from sglang_overlap.planning.cost.cost_model import MODES, micro_batches, mode_costs, predict
+from sglang_overlap.modes import PLAN_MODES as MODES
+from sglang_overlap.planning.cost.cost_model import micro_batches, mode_costs, predict
 from sglang_overlap.planning.cost.profiles import GPU_NAMES, Deployment, load_hardware, load_model
 from sglang_overlap.planning.cost.stage_costs import grouped_gemm_us
 from sglang_overlap.planning.schedule import Task, build_tasks, simulate, steady_layer

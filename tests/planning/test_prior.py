@@ -12,10 +12,10 @@ import dataclasses
 
 import pytest
 
+from sglang_overlap.modes import ENABLABLE
 from sglang_overlap.planning.cost import prior as prior_mod
 from sglang_overlap.planning.cost.cost_model import predict
 from sglang_overlap.planning.cost.prior import (
-    ENABLABLE,
     CostModelPrior,
     FlatPrior,
     candidate_modes,

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import pytest
 
+from sglang_overlap.modes import StepDecision
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior
 from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
 from sglang_overlap.planning.selector import (
-    Decision,
     ModeSelector,
     SelectorConfig,
     check_explore_share,
@@ -71,7 +71,7 @@ def _cells(measurements: list[tuple[int, float]]) -> list[tuple[int, int, int]]:
 
 
 def _decide(gate: ModeSelector, truth: Mapping[str, float], steps: int, tokens: int = 16,
-            sync: int = 1) -> list[Decision]:
+            sync: int = 1) -> list[StepDecision]:
     """Decode steps at `tokens` tokens, each timed at `truth` of its mode; the times reach the
     gate every `sync` steps."""
     decisions, pending = [], []

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
+from sglang_overlap.modes import PHASES
+from sglang_overlap.modes import SELECTOR_MODES as MODES
 from sglang_overlap.planning.step_table import (
-    MODES,
     NUM_BUCKETS,
     NUM_CELLS,
-    PHASES,
     StepTable,
     bucket_bounds,
     cell_index,

@@ -15,8 +15,8 @@ from tests.conftest import require_module
 require_module("sglang.srt.server_args")
 
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 from sglang_overlap.sglang.state import SETTINGS_ATTR, settings_of  # noqa: E402
+from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 
 MODEL = ["--model-path", "/nonexistent/tiny-dsv3"]
 

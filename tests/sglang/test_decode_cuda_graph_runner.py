@@ -28,10 +28,11 @@ from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (  # noqa:
 )
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
-from sglang_overlap import stats  # noqa: E402
+from sglang_overlap import stats
+from sglang_overlap.modes import Mode, Phase, StepDecision  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang.upstream import decode_cuda_graph_runner as glue  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
+from sglang_overlap.sglang.upstream import decode_cuda_graph_runner as glue  # noqa: E402
 
 BOTH = OverlapSettings(enable_two_batch_overlap=True, enable_single_batch_overlap=True,
                        requested_a2a_backend="torch_a2a", overlap_gating="auto")
@@ -57,7 +58,11 @@ def settings(request: Any) -> Any:
     yield value
     moe.tbo_enabled, moe.sbo_enabled = saved
     state.configure(None)
-    state.set_step_mode(None)
+
+
+def _d(mode: str) -> StepDecision:
+    """A decision for a decode step in `mode`."""
+    return StepDecision(Mode(mode), Phase.DECODE)
 
 
 def _runner(*, tbo: bool = True, max_bs: int = 8, draft: bool = False,
@@ -123,9 +128,9 @@ def test_a_step_gated_off_tbo_replays_its_own_graph(settings: Any) -> None:
     for mode, batch, want in (("none", _batch(4), "overlap:none"),
                               ("sbo", _batch(4), "overlap:sbo"),
                               ("tbo", _batch(4, tbo_split=2), "overlap:tbo")):
-        state.set_step_mode(mode)
-        assert DecodeCudaGraphRunner.can_run_graph(r, batch), mode
-        assert glue.execute(orig, r, batch) == "out"
+        with state.step(_d(mode)):
+            assert DecodeCudaGraphRunner.can_run_graph(r, batch), mode
+            assert glue.execute(orig, r, batch) == "out"
         assert seen["key"].variant_label == want and seen["key"].size == 4
         assert seen["tbo"] is (mode == "tbo"), mode
         assert r.enable_two_batch_overlap is True  # restored
@@ -134,10 +139,10 @@ def test_a_step_gated_off_tbo_replays_its_own_graph(settings: Any) -> None:
 
 def test_eager_steps_in_the_range_are_counted_with_their_reason(settings: Any) -> None:
     r = _runner(max_bs=8)
-    state.set_step_mode("none")
     before = _fallbacks()
-    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4, embeds=object()))
-    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(16))  # above the range: not one
+    with state.step(_d("none")):
+        assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4, embeds=object()))
+        assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(16))  # above the range: not one
     after = _fallbacks()
     key = ("none", "embedding_override")
     assert after.get(key, 0) == before.get(key, 0) + 1
@@ -146,9 +151,9 @@ def test_eager_steps_in_the_range_are_counted_with_their_reason(settings: Any) -
 
 def test_a_draft_models_runner_keeps_upstreams_set(settings: Any) -> None:
     r = _runner(draft=True)
-    state.set_step_mode("none")
-    assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4))
-    assert DecodeCudaGraphRunner._make_graph_key(r, 4).variant_label is None
+    with state.step(_d("none")):
+        assert not DecodeCudaGraphRunner.can_run_graph(r, _batch(4))
+        assert DecodeCudaGraphRunner._make_graph_key(r, 4).variant_label is None
 
 
 def test_capture_runs_each_shape_once_per_mode_under_sglangs_switches(settings: Any) -> None:
@@ -157,16 +162,35 @@ def test_capture_runs_each_shape_once_per_mode_under_sglangs_switches(settings: 
 
     def orig(runner: Any, size: int, forward: Any) -> None:
         key = DecodeCudaGraphRunner._make_graph_key(runner, size)
-        runs.append((key.variant_label, is_tbo_enabled(), is_sbo_enabled(), state.step_mode(),
+        d = state.decision()
+        runs.append((key.variant_label, is_tbo_enabled(), is_sbo_enabled(), d.mode, d.source,
                      state.sbo_active()))
 
-    state.set_step_mode("sbo")
-    glue.capture_one_shape(orig, r, 8, None)
-    assert runs == [("overlap:tbo", True, True, "tbo", False),  # the TBO path runs no SBO
-                    ("overlap:sbo", False, True, "sbo", True),
-                    ("overlap:none", False, False, "none", False)]
-    assert (is_tbo_enabled(), is_sbo_enabled(), state.step_mode()) == (True, True, "sbo")
+    outer = _d("sbo")
+    with state.step(outer):
+        glue.capture_one_shape(orig, r, 8, None)
+        assert (is_tbo_enabled(), is_sbo_enabled(), state.decision()) == (True, True, outer)
+    assert runs == [("overlap:tbo", True, True, "tbo", "capture", False),  # TBO runs no SBO
+                    ("overlap:sbo", False, True, "sbo", "capture", True),
+                    ("overlap:none", False, False, "none", "capture", False)]
     assert DecodeCudaGraphRunner._make_graph_key(r, 8).variant_label is None  # outside a step
+
+
+def test_asked_outside_a_step_the_batch_gets_sglangs_own_rule(settings: Any) -> None:
+    """A speculative worker may ask the target's runner outside the target's forward: the
+    batch's split picks TBO, else SBO (on in these settings)."""
+    r = _runner()
+    labels: list[str] = []
+
+    def orig(runner: Any, fb: Any) -> str:
+        labels.append(DecodeCudaGraphRunner._make_graph_key(runner, 4).variant_label)
+        return "out"
+
+    assert state.decision() is None
+    glue.execute(orig, r, _batch(4, tbo_split=2))
+    glue.execute(orig, r, _batch(4))
+    assert labels == ["overlap:tbo", "overlap:sbo"]
+    assert state.decision() is None
 
 
 @pytest.mark.parametrize("settings", [TBO_ONLY], indirect=True)

@@ -1,4 +1,5 @@
-"""What `upstream/token_dispatcher_deepep.py` and `moe_utils.py` copy from upstream by hand is read back from the
+"""What `upstream/token_dispatcher_deepep.py` and `upstream/moe_utils.py` copy from upstream by
+hand is read back from the
 pinned upstream functions: the kwargs `_combine_core` passes to `low_latency_combine`, the impl
 classes `DeepEPDispatcher.__init__` builds (the globals the torch_a2a hook swaps), and the flag
 `initialize_moe_config` sets (the side effect repeated when the SM90 refusal is lifted)."""
@@ -15,8 +16,9 @@ from tests.conftest import require_module
 
 deepep = require_module("sglang.srt.layers.moe.token_dispatcher.deepep")
 
-from sglang_overlap.sglang import hooks, moe_utils  # noqa: E402
-from sglang_overlap.sglang.upstream import token_dispatcher_deepep as deepep_dispatcher
+from sglang_overlap.sglang import hooks  # noqa: E402
+from sglang_overlap.sglang.upstream import moe_utils  # noqa: E402
+from sglang_overlap.sglang.upstream import token_dispatcher_deepep as deepep_dispatcher  # noqa: E402
 
 
 def _tree(fn: object) -> ast.AST:

@@ -17,6 +17,7 @@ from sglang.srt.layers.moe.utils import is_sbo_enabled  # noqa: E402
 from sglang.srt.models.deepseek_v2 import DeepseekV2MoE  # noqa: E402
 from sglang.srt.runtime_context import get_flags  # noqa: E402
 
+from sglang_overlap.modes import Mode, Phase, StepDecision  # noqa: E402
 from sglang_overlap.settings import OverlapSettings  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
 
@@ -97,20 +98,23 @@ class _Layer:
         return hidden_states.clone()
 
 
+def _decision(mode: str | None) -> StepDecision | None:
+    return None if mode is None else StepDecision(Mode(mode), Phase.DECODE)
+
+
 def _run(settings: OverlapSettings, mode: str | None) -> _Layer:
     layer = _Layer()
     state.configure(settings)
-    state.set_step_mode(mode)
     moe = get_flags().moe
     saved = moe.sbo_enabled
     moe.sbo_enabled = True  # as `initialize_moe_config` sets it for --enable-single-batch-overlap
     try:
-        out = DeepseekV2MoE.forward_deepep(layer, torch.ones(2, 4), forward_batch=None)
+        with state.step(_decision(mode)):
+            out = DeepseekV2MoE.forward_deepep(layer, torch.ones(2, 4), forward_batch=None)
         assert moe.sbo_enabled is True, "the process-wide SBO flag must be restored"
     finally:
         moe.sbo_enabled = saved
         state.configure(None)
-        state.set_step_mode(None)
     assert layer._fuse_shared_experts_inside_sbo is True, "the layer's cached choice is restored"
     expected = 3.0 if "shared" in layer.calls else 2.0  # routed x2 (+ shared x1 when it ran)
     assert torch.equal(out, torch.full((2, 4), expected)), f"{mode=} {out=}"
@@ -150,13 +154,11 @@ def test_the_layer_value_is_restored_when_the_forward_raises() -> None:
 
     layer.experts.__class__.__call__ = boom  # type: ignore[method-assign]
     state.configure(AUTO)
-    state.set_step_mode("none")
     try:
-        with pytest.raises(RuntimeError, match="boom"):
+        with state.step(_decision("none")), pytest.raises(RuntimeError, match="boom"):
             DeepseekV2MoE.forward_deepep(layer, torch.ones(1, 4), forward_batch=None)
     finally:
         state.configure(None)
-        state.set_step_mode(None)
     assert layer._fuse_shared_experts_inside_sbo is True
 
 

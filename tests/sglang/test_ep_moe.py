@@ -16,7 +16,7 @@ layer = require_module("sglang.srt.layers.moe.ep_moe.layer")
 from sglang_overlap import stats  # noqa: E402
 from sglang_overlap.settings import OverlapSettings  # noqa: E402
 from sglang_overlap.sglang import state, torch_a2a  # noqa: E402
-from sglang_overlap.sglang.upstream import ep_moe_layer as ep_moe
+from sglang_overlap.sglang.upstream import ep_moe_layer as ep_moe  # noqa: E402
 
 
 @pytest.fixture

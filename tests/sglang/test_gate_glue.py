@@ -35,11 +35,16 @@ from sglang_overlap.planning.cost.profiles import (  # noqa: E402
 )
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig  # noqa: E402
 from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
+from sglang_overlap.modes import Mode, Phase, StepDecision  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
-from sglang_overlap.sglang import # noqa: E402
-    dp_attn, selector_setup, state
-from sglang_overlap.sglang.upstream import internal_state, model_runner, request_receiver
+from sglang_overlap.sglang import selector_setup, state  # noqa: E402
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, SelectorShare  # noqa: E402
+from sglang_overlap.sglang.upstream import (  # noqa: E402
+    dp_attn,
+    internal_state,
+    model_runner,
+    request_receiver,
+)
 from sglang_overlap.sglang.upstream.server_args import parse_server_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,15 +194,19 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
     batch = SimpleNamespace()
     info = _sync_info(ForwardMode.DECODE, 8, tbo_split=4)
     upstream_dp_attn._update_gather_batch(batch, info, True)
-    assert batch.tbo_split_seq_index == 4 and state.step_mode() == "tbo"
-    assert rt.pending == cell_index("decode", measure_bucket(8), "tbo")
+    d = state.take_handed_over()
+    assert batch.tbo_split_seq_index == 4 and d.mode == "tbo" and d.phase == "decode"
+    assert d.cell == cell_index("decode", measure_bucket(8), "tbo") and d.source == "selector"
+    assert state.take_handed_over() is None, "a decision is handed over once"
     info = _sync_info(ForwardMode.EXTEND, 300, tbo_split=1)
     upstream_dp_attn._update_gather_batch(batch, info, True)
     assert batch.tbo_split_seq_index is None and batch.global_forward_mode is None
-    assert state.step_mode() == "none"
+    assert state.take_handed_over().mode == "none"
     info = _sync_info(ForwardMode.DECODE, 8, tbo_split=None)  # TBO cannot run: SBO next best
     upstream_dp_attn._update_gather_batch(batch, info, True)
-    assert state.step_mode() == "sbo"
+    assert state.take_handed_over().mode == "sbo"
+    upstream_dp_attn._update_gather_batch(batch, info, True, skip_global_metadata=True)
+    assert state.take_handed_over() is None, "no metadata: the step is left undecided"
     lines = [r.getMessage() for r in caplog.records if "sglang-overlap gate:" in r.getMessage()]
     assert [line.split(" (")[0] for line in lines] == [
         "sglang-overlap gate: decode -> tbo", "sglang-overlap gate: prefill -> none",
@@ -233,7 +242,7 @@ def test_a_split_with_an_empty_micro_batch_is_not_a_tbo_candidate(auto_settings)
                                       (ForwardMode.EXTEND, 1, 0, "none"),
                                       (ForwardMode.EXTEND, 2, 1, "tbo")]:
         upstream_dp_attn._update_gather_batch(batch, _sync_info(mode, tokens, split), True)
-        assert state.step_mode() == want, (mode, tokens)
+        assert state.take_handed_over().mode == want, (mode, tokens)
         assert batch.tbo_split_seq_index == (split if want == "tbo" else None), (mode, tokens)
         d = rt.selector.decide("prefill" if mode.is_extend() else "decode", [tokens])
         assert d.mode == "tbo", "the gate alone, offered TBO, takes it"
@@ -247,29 +256,43 @@ def test_forward_timer_records_only_gated_steps(auto_settings) -> None:
     rt = _runtime(FlatPrior(frozenset({"tbo"})))
     selector_setup.set_runtime(rt)
     runner = SimpleNamespace(is_draft_worker=False)
-    calls = []
+    calls, seen = [], []
 
     def forward(self: Any, batch: Any) -> str:
         calls.append(batch.name)
+        seen.append(state.decision())
         return "out"
 
     assert model_runner.timed_forward(forward, runner, _fb("b0")) == "out"  # nothing decided
-    assert rt.local.empty()
-    d = rt.selector.decide("decode", [8])
-    rt.expect(d)
+    assert rt.local.empty() and seen[-1].source == "upstream"
+    d = rt.decide("decode", [8])
+    state.hand_over(d)
     model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("draft"))
-    assert rt.local.empty() and rt.pending is not None, "draft forwards are not the step"
+    assert rt.local.empty() and seen[-1] is None, "draft forwards are not the step"
     model_runner.timed_forward(forward, runner, _fb("b1"))
+    assert seen[-1] is d and state.decision() is None, "the step runs its decision, then ends"
     cell = cell_index("decode", measure_bucket(8), "none")
-    assert rt.local.empty() and rt.pending is None, "the first step of a (phase, mode) is dropped"
-    rt.expect(rt.selector.decide("decode", [8]))
+    assert rt.local.empty(), "the first step of a (phase, mode) is dropped"
+    state.hand_over(rt.decide("decode", [8]))
     model_runner.timed_forward(forward, runner, _fb("b2"))
     assert rt.local.count(cell) == 1 and calls == ["b0", "draft", "b1", "b2"]
     model_runner.timed_forward(forward, runner, _fb("b3"))
     assert rt.local.count(cell) == 1, "one decision, one timed forward"
-    rt.expect(rt.selector.decide("decode", [100]))  # another bucket, same (phase, mode): timed
+    state.hand_over(rt.decide("decode", [100]))  # another bucket, same (phase, mode): timed
     model_runner.timed_forward(forward, runner, _fb("b4"))
     assert rt.local.count(cell_index("decode", measure_bucket(100), "none")) == 1
+
+
+def test_a_decision_the_batch_contradicts_stops_the_step(auto_settings) -> None:
+    """A TBO decision on a batch SGLang did not split (or the reverse) means the decision no
+    longer reaches SGLang: refuse to run it rather than replay or count the wrong mode."""
+    runner = SimpleNamespace(is_draft_worker=False)
+    for mode, split in (("tbo", False), ("none", True), ("sbo", True)):
+        state.hand_over(StepDecision(Mode(mode), Phase.DECODE, step=7))
+        with pytest.raises(RuntimeError, match=f"step 7 was decided {mode} but SGLang"):
+            model_runner.timed_forward(lambda *a: pytest.fail("ran"), runner,
+                                       _fb("x", tbo=split))
+        assert state.decision() is None
 
 
 def test_every_served_step_is_counted_by_what_ran(auto_settings) -> None:
@@ -282,15 +305,17 @@ def test_every_served_step_is_counted_by_what_ran(auto_settings) -> None:
         return dict(stats.snapshot()["steps"])
 
     before = steps()
-    state.set_step_mode("sbo")
+    state.hand_over(StepDecision(Mode.NONE, Phase.DECODE))  # the selector's decision
     model_runner.timed_forward(forward, runner, _fb("graph"))
+    # undecided steps: SGLang's own rule (split: TBO; else SBO, on in these settings)
     model_runner.timed_forward(forward, runner, _fb("eager", ForwardMode.EXTEND, tbo=True))
+    model_runner.timed_forward(forward, runner, _fb("graph"))
     model_runner.timed_forward(forward, runner, _fb("graph", ForwardMode.IDLE))  # not a step
     model_runner.timed_forward(forward, SimpleNamespace(is_draft_worker=True), _fb("graph"))
-    state.set_step_mode(None)
     after = steps()
     grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-    assert grown == {("decode", "sbo", "graph"): 1, ("prefill", "tbo", "eager"): 1}
+    assert grown == {("decode", "none", "graph"): 1, ("prefill", "tbo", "eager"): 1,
+                     ("decode", "sbo", "graph"): 1}
 
 
 def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None:
@@ -298,8 +323,7 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     selector_setup.set_runtime(rt)
     cell = cell_index("decode", measure_bucket(8), "none")
     for us in (9999.0, 1500.0):  # the first is dropped: the first of its (phase, mode)
-        rt.expect(rt.selector.decide("decode", [8]))
-        rt.record(rt.take_pending(), us)
+        rt.record(rt.timed_cell(rt.decide("decode", [8])), us)
     for _ in range(3):
         rt.tick()
     assert rt.selector.table.count(cell) == 0 and rt.local.count(cell) == 1
@@ -326,11 +350,10 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     for rt in (leader, follower):
         for us in (9999.0, 1500.0, 2500.0):
             rt.tick()
-            rt.expect(rt.selector.decide("decode", [8]))
-            pending = rt.take_pending()
+            pending = rt.timed_cell(rt.decide("decode", [8]))
             if pending is not None:
                 rt.record(pending, us)
-    assert follower.local.empty() and follower.pending is None, "a follower times nothing"
+    assert follower.local.empty(), "a follower times nothing"
     assert leader.local.count(cell) == 2 and leader.outgoing() is None, "3 calls < 4"
     leader.tick(), follower.tick()
     share = leader.outgoing()
@@ -364,8 +387,7 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
     cell = cell_index("decode", measure_bucket(8), "none")
     for us in (9999.0, 1500.0):
         rt.tick()
-        rt.expect(rt.selector.decide("decode", [8]))
-        rt.record(rt.take_pending(), us)
+        rt.record(rt.timed_cell(rt.decide("decode", [8])), us)
     sent = []
 
     def single_rank(self: Any, recv_reqs: Any, local_reqs: Any = None) -> list[Any]:
@@ -408,9 +430,8 @@ RANK = textwrap.dedent("""
     out = []
     for step in range(300):
         rt.tick()
-        d = rt.selector.decide("decode", [16 + (step // 50)])
-        rt.expect(d)
-        cell = rt.take_pending()
+        d = rt.decide("decode", [16 + (step // 50)])
+        cell = rt.timed_cell(d)
         rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
         out.append(d.reason)
     print(json.dumps(out))
@@ -447,9 +468,8 @@ BROADCAST_RANK = textwrap.dedent("""
         reqs = request_receiver.broadcast_reqs(upstream, None, mine if rank == 0 else None)
         received.append(reqs)
         rt.tick()
-        d = rt.selector.decide("decode", [16 + (step // 50)])
-        rt.expect(d)
-        cell = rt.take_pending()
+        d = rt.decide("decode", [16 + (step // 50)])
+        cell = rt.timed_cell(d)
         if cell is not None:
             rt.record(cell, truth[d.mode] * rng.uniform(0.8, 1.2))
         out.append(d.reason)

@@ -18,7 +18,7 @@ ops = require_module("sglang.srt.batch_overlap.operations")
 from sglang_overlap.planning.interleave import interleaved_order  # noqa: E402
 from sglang_overlap.settings import OverlapSettings  # noqa: E402
 from sglang_overlap.sglang import state  # noqa: E402
-from sglang_overlap.sglang.upstream import operations
+from sglang_overlap.sglang.upstream import operations  # noqa: E402
 
 
 class _Recorder:

@@ -25,9 +25,14 @@ require_module("sglang")
 from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
 from sglang_overlap.settings import SettingsError  # noqa: E402
-from sglang_overlap.sglang import # noqa: E402
-    deep_gemm_wrapper, sbo_decision
-from sglang_overlap.sglang.upstream import token_dispatcher_deepep as deepep_dispatcher, moe_utils, single_batch_overlap
+from sglang_overlap.sglang import sbo_decision  # noqa: E402
+from sglang_overlap.sglang.upstream import (  # noqa: E402
+    deep_gemm_wrapper_entrypoint as deep_gemm_wrapper,
+)
+from sglang_overlap.sglang.upstream import moe_utils, single_batch_overlap  # noqa: E402
+from sglang_overlap.sglang.upstream import (  # noqa: E402
+    token_dispatcher_deepep as deepep_dispatcher,
+)
 
 apply_plugin_signal = single_batch_overlap.apply_plugin_signal
 masked_gemm = deep_gemm_wrapper.masked_gemm

@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sglang_overlap.modes import PLAN_MODES, Mode, Phase, mode_of
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 from sglang_overlap.planning.cost.stage_costs import (
     MicroBatch,
@@ -66,13 +67,12 @@ from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 from sglang_overlap.planning.schedule import Segment, steady_layer
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
 
-MODES = ("none", "tbo", "sbo", "two_chunk")
 SBO_BLOCK_N = 128  # DeepGEMM's down-GEMM tile width on Hopper
 
 
 @dataclass(frozen=True)
 class ModeEstimate:
-    mode: str
+    mode: Mode
     applicable: bool
     note: str  # why not applicable, or what the estimate assumes
     layer_us: float  # steady-state time of one MoE layer
@@ -87,8 +87,8 @@ class Prediction:
     model: ModelProfile
     hardware: HardwareProfile
     deployment: Deployment
-    estimates: Mapping[str, ModeEstimate]
-    recommended: str
+    estimates: Mapping[Mode, ModeEstimate]
+    recommended: Mode
 
     def applicable(self) -> list[ModeEstimate]:
         return [e for e in self.estimates.values() if e.applicable]
@@ -96,7 +96,7 @@ class Prediction:
 
 def _batch(deploy: Deployment, tokens: int) -> tuple[list[int], list[int]]:
     """(q_lens, kv_lens) of the batch one GPU runs."""
-    if deploy.phase == "decode":
+    if deploy.phase == Phase.DECODE:
         seqs = tokens // deploy.tokens_per_seq
         return [deploy.tokens_per_seq] * seqs, [deploy.context_len] * seqs
     full, rest = divmod(tokens, deploy.context_len)
@@ -104,21 +104,21 @@ def _batch(deploy: Deployment, tokens: int) -> tuple[list[int], list[int]]:
     return lens, list(lens)
 
 
-def micro_batches(mode: str, deploy: Deployment,
+def micro_batches(mode: Mode, deploy: Deployment,
                   moe_tokens: float | None = None) -> tuple[MicroBatch, ...]:
     """The micro-batches `mode` runs on one GPU (one for none/SBO, `plan_two_batch`'s two)."""
     tokens = deploy.tokens_per_gpu
     moe = float(tokens if moe_tokens is None else moe_tokens)
     q_lens, kv_lens = _batch(deploy, tokens)
-    causal = deploy.phase == "prefill"
-    if mode in ("none", "sbo"):
+    causal = deploy.phase == Phase.PREFILL
+    if mode in (Mode.NONE, Mode.SBO):
         return (MicroBatch(tuple(q_lens), tuple(kv_lens), moe, causal),)
-    if deploy.phase == "decode":
+    if deploy.phase == Phase.DECODE:
         plan = plan_two_batch(ForwardKind.DECODE, sum(q_lens), tokens_per_seq=deploy.tokens_per_seq)
         children = [(c.num_tokens, [deploy.tokens_per_seq] * c.num_seqs,
                      [deploy.context_len] * c.num_seqs) for c in plan.children]
     else:
-        threshold = deploy.two_chunk_threshold if mode == "two_chunk" else 0.0
+        threshold = deploy.two_chunk_threshold if mode == Mode.TWO_CHUNK else 0.0
         plan = plan_two_batch(ForwardKind.EXTEND, sum(q_lens), extend_lens=q_lens,
                               two_chunk_threshold=threshold)
         children = [(c.num_tokens, list(c.extend_lens), list(c.seq_lens)) for c in plan.children]
@@ -140,23 +140,23 @@ def _sbo_units(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
     return layout.num_signals
 
 
-def _applicability(mode: str, deploy: Deployment) -> str:
-    if mode == "sbo" and deploy.phase != "decode":
+def _applicability(mode: Mode, deploy: Deployment) -> str:
+    if mode == Mode.SBO and deploy.phase != Phase.DECODE:
         return "SBO needs the low-latency dispatch (decode only in SGLang 0.5.23)"
-    if mode == "two_chunk" and deploy.phase != "prefill":
+    if mode == Mode.TWO_CHUNK and deploy.phase != Phase.PREFILL:
         return "two-chunk splits prefill batches only"
-    if mode in ("tbo", "sbo", "two_chunk") and deploy.ep_size <= 1:
+    if mode in (Mode.TBO, Mode.SBO, Mode.TWO_CHUNK) and deploy.ep_size <= 1:
         return "needs expert parallelism (--ep > 1)"
     return ""
 
 
-def mode_costs(mode: str, model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
+def mode_costs(mode: Mode, model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
                moe_tokens: float | None = None) -> tuple[StageCosts, ...]:
     mbs = micro_batches(mode, deploy, moe_tokens)
     sms = None
-    if mode in ("tbo", "two_chunk") and deploy.phase == "prefill":
+    if mode in (Mode.TBO, Mode.TWO_CHUNK) and deploy.phase == Phase.PREFILL:
         sms = hw.num_sms - hw.deepep_normal_sms  # DeepEP normal mode holds SMs while it runs
-    units = _sbo_units(model, hw, deploy, mbs[0].moe_tokens) if mode == "sbo" else 1
+    units = _sbo_units(model, hw, deploy, mbs[0].moe_tokens) if mode == Mode.SBO else 1
     return tuple(stage_costs(model, hw, deploy, mb, sms=sms, sbo_units=units) for mb in mbs)
 
 
@@ -164,36 +164,34 @@ def _step_extras(model: ModelProfile, hw: HardwareProfile, deploy: Deployment) -
     """(dense layers + LM head time, tokens produced per step)."""
     q_lens, kv_lens = _batch(deploy, deploy.tokens_per_gpu)
     whole = MicroBatch(tuple(q_lens), tuple(kv_lens), float(deploy.tokens_per_gpu),
-                       deploy.phase == "prefill")
-    sampled = len(q_lens) * (deploy.tokens_per_seq if deploy.phase == "decode" else 1)
+                       deploy.phase == Phase.PREFILL)
+    sampled = len(q_lens) * (deploy.tokens_per_seq if deploy.phase == Phase.DECODE else 1)
     extras = model.num_dense_layers * dense_layer_us(model, hw, deploy, whole)
     extras += head_us(model, hw, sampled)
-    produced = len(q_lens) if deploy.phase == "decode" else deploy.tokens_per_gpu
+    produced = len(q_lens) if deploy.phase == Phase.DECODE else deploy.tokens_per_gpu
     return extras, produced
 
 
 def predict(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
-            modes: Sequence[str] = MODES, *, moe_tokens: float | None = None,
+            modes: Sequence[Mode | str] = PLAN_MODES, *, moe_tokens: float | None = None,
             timelines: bool = True) -> Prediction:
     """Every mode's estimate and the recommended (fastest applicable) mode.
 
     `moe_tokens`: mean tokens per rank entering the MoE when ranks differ (the gate passes the
     all-gathered mean; `deploy.tokens_per_gpu` is then the busiest rank's batch).
     """
-    for mode in modes:
-        if mode not in MODES:
-            raise ValueError(f"unknown overlap mode {mode!r}; expected one of {', '.join(MODES)}")
+    asked = [mode_of(m) for m in modes]  # ValueError naming the known modes
     extras, produced = _step_extras(model, hw, deploy)
-    decode = deploy.phase == "decode"
-    raw: dict[str, tuple[str, float, tuple[Segment, ...]]] = {}
-    for mode in dict.fromkeys(("none", *modes)):
+    decode = deploy.phase == Phase.DECODE
+    raw: dict[Mode, tuple[str, float, tuple[Segment, ...]]] = {}
+    for mode in dict.fromkeys((Mode.NONE, *asked)):
         note = _applicability(mode, deploy)
-        costs = mode_costs(mode if not note else "none", model, hw, deploy, moe_tokens)
-        layer, segments = steady_layer(mode if not note else "none", costs, decode)
+        costs = mode_costs(mode if not note else Mode.NONE, model, hw, deploy, moe_tokens)
+        layer, segments = steady_layer(mode if not note else Mode.NONE, costs, decode)
         raw[mode] = (note, layer, tuple(segments) if timelines else ())
-    none_step = extras + model.num_moe_layers * raw["none"][1]
-    estimates: dict[str, ModeEstimate] = {}
-    for mode in modes if "none" in modes else ("none", *modes):
+    none_step = extras + model.num_moe_layers * raw[Mode.NONE][1]
+    estimates: dict[Mode, ModeEstimate] = {}
+    for mode in asked if Mode.NONE in asked else (Mode.NONE, *asked):
         note, layer, window = raw[mode]
         step = extras + model.num_moe_layers * layer
         estimates[mode] = ModeEstimate(
@@ -201,6 +199,6 @@ def predict(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
             throughput_per_gpu=produced / step * 1e6 if step > 0 else 0.0,
             gain_vs_none=none_step / step - 1.0 if step > 0 else 0.0, timeline=window)
     candidates = [e for e in estimates.values() if e.applicable]
-    recommended = min(candidates, key=lambda e: (e.step_us, MODES.index(e.mode))).mode
+    recommended = min(candidates, key=lambda e: (e.step_us, PLAN_MODES.index(e.mode))).mode
     return Prediction(model, hw, deploy, estimates, recommended)
 

@@ -21,10 +21,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Protocol
 
+from sglang_overlap.modes import ENABLABLE, PHASES, Mode, Phase, phase_of
 from sglang_overlap.planning.cost.cost_model import predict
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 
-ENABLABLE = frozenset({"tbo", "sbo", "two_chunk"})
 _CACHE_LIMIT = 4096
 
 
@@ -36,28 +36,28 @@ def token_bucket(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
-def candidate_modes(phase: str, enabled: frozenset[str]) -> tuple[str, ...]:
+def candidate_modes(phase: Phase, enabled: frozenset[Mode]) -> tuple[Mode, ...]:
     """The modes the gate chooses among in `phase`, as labelled in its decisions."""
-    if phase == "decode":
-        return ("none", *(m for m in ("tbo", "sbo") if m in enabled))
-    return ("none", "tbo") if enabled & {"tbo", "two_chunk"} else ("none",)
+    if phase == Phase.DECODE:
+        return (Mode.NONE, *(m for m in (Mode.TBO, Mode.SBO) if m in enabled))
+    return (Mode.NONE, Mode.TBO) if enabled & {Mode.TBO, Mode.TWO_CHUNK} else (Mode.NONE,)
 
 
-def check_enabled(enabled: frozenset[str]) -> frozenset[str]:
+def check_enabled(enabled: frozenset[Mode]) -> frozenset[Mode]:
     unknown = sorted(set(enabled) - ENABLABLE)
     if unknown:
         raise ValueError(f"Gate: unknown modes {unknown}; enable a subset of "
-                         f"{sorted(ENABLABLE)}")
-    return frozenset(enabled)
+                         f"{sorted(m.value for m in ENABLABLE)}")
+    return frozenset(Mode(m) for m in enabled)
 
 
 class Prior(Protocol):
     name: str
-    enabled: frozenset[str]
+    enabled: frozenset[Mode]
 
-    def candidates(self, phase: str) -> tuple[str, ...]: ...
+    def candidates(self, phase: Phase) -> tuple[Mode, ...]: ...
 
-    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+    def predictions(self, phase: Phase, busiest: int, mean: float) -> Mapping[Mode, float]:
         """Predicted step time (us) of every candidate mode at this load."""
         ...
 
@@ -65,16 +65,16 @@ class Prior(Protocol):
 class FlatPrior:
     """Every candidate predicted equal (1 us): the measurements alone decide."""
 
-    def __init__(self, enabled: frozenset[str], why: str = "no hardware profile") -> None:
+    def __init__(self, enabled: frozenset[Mode], why: str = "no hardware profile") -> None:
         self.enabled = check_enabled(enabled)
         self.name = f"flat ({why})"
         self._flat = {p: dict.fromkeys(candidate_modes(p, self.enabled), 1.0)
-                      for p in ("decode", "prefill")}
+                      for p in PHASES}
 
-    def candidates(self, phase: str) -> tuple[str, ...]:
+    def candidates(self, phase: Phase) -> tuple[Mode, ...]:
         return tuple(self._flat[phase])
 
-    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+    def predictions(self, phase: Phase, busiest: int, mean: float) -> Mapping[Mode, float]:
         return self._flat[phase]
 
 
@@ -82,30 +82,30 @@ class CostModelPrior:
     """The cost model's prediction for the served model on one hardware profile."""
 
     def __init__(self, model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
-                 enabled: frozenset[str]) -> None:
+                 enabled: frozenset[Mode]) -> None:
         self.model, self.hw, self.deploy = model, hw, deploy
         self.enabled = check_enabled(enabled)
         self.name = f"cost model ({model.name} on {hw.name})"
-        self._cands = {p: candidate_modes(p, self.enabled) for p in ("decode", "prefill")}
-        self._cache: dict[tuple[str, int, int], dict[str, float]] = {}
+        self._cands = {p: candidate_modes(p, self.enabled) for p in PHASES}
+        self._cache: dict[tuple[Phase, int, int], dict[Mode, float]] = {}
 
-    def candidates(self, phase: str) -> tuple[str, ...]:
+    def candidates(self, phase: Phase) -> tuple[Mode, ...]:
         return self._cands[phase]
 
-    def predictions(self, phase: str, busiest: int, mean: float) -> Mapping[str, float]:
+    def predictions(self, phase: Phase, busiest: int, mean: float) -> Mapping[Mode, float]:
         key = (phase, token_bucket(busiest), token_bucket(int(mean + 0.5)))
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         tokens = key[1]
-        if phase == "decode":
+        if phase == Phase.DECODE:
             per_seq = self.deploy.tokens_per_seq
             tokens = max(per_seq, -(-tokens // per_seq) * per_seq)
         deploy = dataclasses.replace(self.deploy, tokens_per_gpu=max(1, tokens),
-                                     phase="decode" if phase == "decode" else "prefill")
+                                     phase=phase_of(phase))
         # The cost model names the prefill split two_chunk (balanced halves); the selector
         # labels it tbo.
-        modes = ["two_chunk" if m == "tbo" and phase == "prefill" else m
+        modes = [Mode.TWO_CHUNK if m == Mode.TBO and phase == Phase.PREFILL else m
                  for m in self._cands[phase]]
         pred = predict(self.model, self.hw, deploy, modes, moe_tokens=float(max(1, key[2])),
                        timelines=False)
@@ -118,5 +118,5 @@ class CostModelPrior:
         return result
 
 
-__all__ = ["ENABLABLE", "CostModelPrior", "FlatPrior", "Prior", "candidate_modes",
+__all__ = ["CostModelPrior", "FlatPrior", "Prior", "candidate_modes",
            "check_enabled", "token_bucket"]

@@ -33,9 +33,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from sglang_overlap.modes import Phase
+
 Arch = Literal["hopper", "blackwell"]
 AttnKind = Literal["mla", "gqa"]
-Phase = Literal["decode", "prefill"]
 
 GPU_NAMES = ("H20", "H800", "H100", "H200", "B200")
 """GPUs with a datasheet profile (and the names `gpu_name_from_device` maps devices to)."""
@@ -121,7 +122,7 @@ class ModelProfile:
 class Deployment:
     """Where and how the model is served (per-GPU view)."""
 
-    phase: Phase = "decode"
+    phase: Phase = Phase.DECODE
     ep_size: int = 16
     gpus_per_node: int = 8
     dp_attention: bool = True
@@ -140,7 +141,7 @@ class Deployment:
                   "--tokens-per-gpu": self.tokens_per_gpu, "--context-len": self.context_len,
                   "tokens_per_seq": self.tokens_per_seq}
         bad = [f"{k} {values[k]}" for k, ok in checks.items() if not ok]
-        if self.phase not in ("decode", "prefill"):
+        if self.phase not in (Phase.DECODE, Phase.PREFILL):
             bad.append(f"--phase {self.phase!r} (expected decode or prefill)")
         if bad:
             raise ProfileError("invalid deployment: " + ", ".join(bad))
@@ -162,7 +163,7 @@ def deployment_for_server(*, ep_size: int, tp_size: int, attn_dp_size: int = 1, 
     if tp_size < 1 or nnodes < 1 or attn_dp_size < 1:
         raise ProfileError(f"invalid server layout: --tp {tp_size}, --nnodes {nnodes}, "
                            f"attention DP {attn_dp_size}")
-    return Deployment(phase="decode", ep_size=max(1, ep_size),
+    return Deployment(phase=Phase.DECODE, ep_size=max(1, ep_size),
                       gpus_per_node=max(1, tp_size // nnodes), dp_attention=attn_dp_size > 1,
                       two_chunk_threshold=two_chunk_threshold)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sglang_overlap.modes import Phase
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 
 SCALE_GROUP = 128  # fp8 activations carry one fp32 scale per 128 channels
@@ -172,7 +173,7 @@ def stage_costs(model: ModelProfile, hw: HardwareProfile, deploy: Deployment, mb
     moe_t = mb.moe_tokens / tp
     local_experts = max(1, model.num_experts // deploy.ep_size)
     m = moe_t * model.topk * deploy.ep_size / model.num_experts  # rows per local expert
-    low_latency = deploy.phase == "decode"
+    low_latency = deploy.phase == Phase.DECODE
     bm = hw.block_m if low_latency else hw.contiguous_block_m
     inter = model.moe_intermediate
     gate_up = grouped_gemm_us(hw, local_experts, m, 2 * inter, h, block_m=bm, sms=sms)
@@ -193,7 +194,7 @@ def stage_costs(model: ModelProfile, hw: HardwareProfile, deploy: Deployment, mb
     kernel = hw.a2a_kernel_us
     # Prefill's achieved compute is slower than these rooflines (fitted per GPU profile: the
     # efficiencies come from decode-shaped GEMMs); transfers are not scaled.
-    x = hw.prefill_compute_scale if deploy.phase == "prefill" else 1.0
+    x = hw.prefill_compute_scale if deploy.phase == Phase.PREFILL else 1.0
     return StageCosts(
         attn_prep=x * prep, attn_core=x * core, gate=x * gate, shared=x * shared,
         dispatch_send=kernel, dispatch_xfer=transfer_us(hw, d_local, d_remote),
@@ -203,7 +204,7 @@ def stage_costs(model: ModelProfile, hw: HardwareProfile, deploy: Deployment, mb
         combine_recv=kernel + x * memory_kernel_us(hw, t * model.topk * h * 2.0, kernels=0),
         output=x * memory_kernel_us(hw, 3.0 * t * h * 2, kernels=1),
         sbo_units=sbo_units,
-        a2a_exposed=hw.prefill_a2a_exposed if deploy.phase == "prefill" else 0.0,
+        a2a_exposed=hw.prefill_a2a_exposed if deploy.phase == Phase.PREFILL else 0.0,
     )
 
 
@@ -213,7 +214,7 @@ def dense_layer_us(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
     prep, core = _attention(model, hw, mb, deploy.attn_tp_size, None)
     t, h, inter = mb.num_tokens, model.hidden, model.dense_intermediate
     mlp = grouped_gemm_us(hw, 1, t, 2 * inter, h) + grouped_gemm_us(hw, 1, t, h, inter)
-    x = hw.prefill_compute_scale if deploy.phase == "prefill" else 1.0
+    x = hw.prefill_compute_scale if deploy.phase == Phase.PREFILL else 1.0
     return x * (prep + core + mlp + memory_kernel_us(hw, t * 3.0 * inter + 3.0 * t * h * 2, 2))
 
 

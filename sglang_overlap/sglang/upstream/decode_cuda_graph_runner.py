@@ -5,17 +5,19 @@ selector (--overlap-gating auto) chose.
 Upstream captures one set: with TBO on, TBO graphs only, replayed only when the step can run TBO
 (`can_run_graph`), so a step the selector runs without TBO would fall out of its graph. With the
 selector on, `DecodeCudaGraphRunner` (never a draft model's) captures every batch size once per
-graph mode (`graph_modes`: "tbo" if TBO is on, "sbo" if SBO is on, and "none"), each under
-SGLang's own switches for that mode (`state.upstream_flags`: the TBO plugin splits only in the
-TBO capture, SBO's hooks run only in the SBO capture, `deepseek_v2.py`), keyed by
-`ShapeKey.variant_label` (`mode_label`). Capture time and graph memory grow by the number of
+graph mode (`graph_modes`: TBO if on, SBO if on, and none), each inside a step decided for that
+mode (`state.step`) and under SGLang's own switches for it (`state.upstream_flags`: the TBO plugin
+splits only in the TBO capture, SBO's hooks run only in the SBO capture, `deepseek_v2.py`), keyed
+by `ShapeKey.variant_label` (`mode_label`). Capture time and graph memory grow by the number of
 graph modes (at most 3); --cuda-graph-max-bs bounds both, as upstream.
 
 * `capture_one_shape` (around): capture the shape once per graph mode.
-* `_make_graph_key` (around): the key names the mode being captured, or the mode the step runs.
-* `can_run_graph` / `execute` (around): the step's mode (`step_graph_mode`: TBO when the batch is
-  split, else SBO when it applies to the step, else none) picks the set; the runner's TBO switch
-  follows it, so a step not in TBO replays without the TBO split.
+* `_make_graph_key` (around): the key names the mode of the step's decision (`state.decision`):
+  the mode being captured, or the mode the step runs.
+* `can_run_graph` / `execute` (around): the step's decision picks the set; the runner's TBO switch
+  follows it, so a step not in TBO replays without the TBO split. SGLang asking outside a step of
+  the served model (a speculative worker checking the target's runner) gets SGLang's own rule for
+  that batch (`modes.upstream_rule`).
 
 A decode step in the captured range that runs eager anyway is counted
 (`stats.add("eager_fallbacks", mode, reason)`) and logged once per (mode, reason).
@@ -42,6 +44,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import GRAPH_ORDER, Feature, Mode, Phase, StepDecision, upstream_rule
 from sglang_overlap.settings import OverlapSettings, SettingsError
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -55,26 +58,25 @@ CAN_RUN_GRAPH = f"{RUNNER}.can_run_graph"
 EXECUTE = f"{RUNNER}.execute"
 
 MODES_ATTR = "_sglang_overlap_graph_modes"  # set on a runner whose graphs are per mode
-_keyed: list[str | None] = [None]  # the mode `_make_graph_key` adds, while one is set
-_logged: set[tuple[str, str]] = set()
+_logged: set[tuple[Mode, str]] = set()
 
 
-def graph_modes(s: OverlapSettings) -> tuple[str, ...]:
-    """The decode modes captured as graph sets, largest first; () where upstream's single set
-    serves (no mode selector, or nothing to select)."""
+def graph_modes(s: OverlapSettings) -> tuple[Mode, ...]:
+    """The decode modes captured as graph sets, largest first (`modes.GRAPH_ORDER`); () where
+    upstream's single set serves (no mode selector, or nothing to select)."""
     if s.overlap_gating != "auto":
         return ()
-    modes = (("tbo",) if s.enable_two_batch_overlap else ()) + (
-        ("sbo",) if s.enable_single_batch_overlap else ())
-    return (*modes, "none") if modes else ()
+    on = {Mode.TBO: s.enable_two_batch_overlap, Mode.SBO: s.enable_single_batch_overlap}
+    modes = tuple(m for m in GRAPH_ORDER if on.get(m, True))
+    return modes if len(modes) > 1 else ()
 
 
-def mode_label(label: str | None, mode: str) -> str:
+def mode_label(label: str | None, mode: Mode) -> str:
     """`ShapeKey.variant_label` of `mode`'s graph (upstream's label, e.g. LoRA's, kept)."""
     return f"{label}+overlap:{mode}" if label else f"overlap:{mode}"
 
 
-def runner_modes(runner: Any) -> tuple[str, ...]:
+def runner_modes(runner: Any) -> tuple[Mode, ...]:
     """The graph modes `runner` captures (cached on it): () for a draft model's runner."""
     modes = runner.__dict__.get(MODES_ATTR)
     if modes is None:
@@ -104,7 +106,7 @@ def attention_backends(backend: Any) -> list[Any]:
     return [backend]
 
 
-def check_attention_state(backend: Any, modes: tuple[str, ...]) -> None:
+def check_attention_state(backend: Any, modes: tuple[Mode, ...]) -> None:
     """Raise SettingsError where a decode attention backend keeps only its last capture's state
     per batch size (`PER_CAPTURE_STATE`), which one graph set per mode cannot share."""
     for b in attention_backends(backend):
@@ -132,8 +134,8 @@ def memory_floor() -> int:
     return int((512 + 1.5 * max(chunk, 2048)) * (1 << 20))
 
 
-def check_memory(free: int, set_cost: int, floor: int, *, mode: str, bs: int, max_bs: int,
-                 modes: tuple[str, ...]) -> None:
+def check_memory(free: int, set_cost: int, floor: int, *, mode: Mode, bs: int, max_bs: int,
+                 modes: tuple[Mode, ...]) -> None:
     """Refuse (SettingsError, with the numbers) to capture `mode`'s graph for batch size `bs` when
     `free` bytes minus `set_cost` (what this batch size's first set took) would leave less than
     `floor` free."""
@@ -156,32 +158,31 @@ def _free_bytes() -> int | None:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def step_graph_mode(forward_batch: Any) -> str:
-    """The mode this step runs: what SGLang's forward does with this batch and flags."""
-    if forward_batch.can_run_tbo:
-        return "tbo"
-    return "sbo" if state.sbo_active() else "none"
+def step_graph_decision(forward_batch: Any) -> StepDecision:
+    """The decision whose graph set a batch replays: the step's (`state.decision`), or, asked
+    outside a step of the served model, SGLang's own rule for the batch."""
+    d = state.decision()
+    if d is not None:
+        return d
+    return upstream_rule(Phase.DECODE, bool(forward_batch.can_run_tbo),
+                         state.settings().enable_single_batch_overlap)
 
 
 @contextlib.contextmanager
-def _as_mode(runner: Any, mode: str, *, capture: bool = False) -> Iterator[None]:
-    """The runner (and, in capture, SGLang's TBO/SBO switches and the step mode) as `mode`."""
-    saved_tbo, saved_key, saved_step = runner.enable_two_batch_overlap, _keyed[0], \
-        state.step_mode()
-    runner.enable_two_batch_overlap = saved_tbo and mode == "tbo"
-    _keyed[0] = mode
+def _as_step(runner: Any, decision: StepDecision, *, capture: bool = False) -> Iterator[None]:
+    """The runner (and, in capture, SGLang's TBO/SBO switches) as `decision`'s mode, inside
+    `decision`'s step (which `make_graph_key` reads)."""
+    mode, saved_tbo = decision.mode, runner.enable_two_batch_overlap
+    runner.enable_two_batch_overlap = saved_tbo and mode == Mode.TBO
     flags = contextlib.nullcontext()
     if capture:
-        state.set_step_mode(mode)
-        flags = state.upstream_flags(tbo=mode == "tbo" if saved_tbo else None,
-                                     sbo=mode == "sbo" if mode != "tbo" else None)
+        flags = state.upstream_flags(tbo=mode == Mode.TBO if saved_tbo else None,
+                                     sbo=mode == Mode.SBO if mode != Mode.TBO else None)
     try:
-        with flags:
+        with flags, state.step(decision):
             yield
     finally:
-        runner.enable_two_batch_overlap, _keyed[0] = saved_tbo, saved_key
-        if capture:
-            state.set_step_mode(saved_step)
+        runner.enable_two_batch_overlap = saved_tbo
 
 
 def capture_one_shape(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -196,7 +197,8 @@ def capture_one_shape(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         if i >= 1 and free is not None:
             check_memory(free, cost, memory_floor(), mode=mode, bs=_batch_size(args, kwargs),
                          max_bs=int(self.max_bs), modes=modes)
-        with _as_mode(self, mode, capture=True):
+        capture = StepDecision(mode, Phase.DECODE, why="graph capture", source="capture")
+        with _as_step(self, capture, capture=True):
             out = orig(self, *args, **kwargs)
     return out
 
@@ -209,21 +211,21 @@ def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 
 def make_graph_key(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     key = orig(self, *args, **kwargs)
-    mode = _keyed[0]
-    if mode is None or not runner_modes(self):
+    d = state.decision()
+    if d is None or not runner_modes(self):
         return key
-    return dataclasses.replace(key, variant_label=mode_label(key.variant_label, mode))
+    return dataclasses.replace(key, variant_label=mode_label(key.variant_label, d.mode))
 
 
 def can_run_graph(orig: Any, self: Any, forward_batch: Any) -> bool:
     modes = runner_modes(self)
     if not modes:
         return bool(orig(self, forward_batch))
-    mode = step_graph_mode(forward_batch)
-    with _as_mode(self, mode):
+    decision = step_graph_decision(forward_batch)
+    with _as_step(self, decision):
         ok = bool(orig(self, forward_batch))
     if not ok and forward_batch.forward_mode.is_decode():
-        _fallback(self, forward_batch, mode)
+        _fallback(self, forward_batch, decision.mode)
     return ok
 
 
@@ -231,11 +233,11 @@ def execute(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any)
     modes = runner_modes(self)
     if not modes:
         return orig(self, forward_batch, *args, **kwargs)
-    with _as_mode(self, step_graph_mode(forward_batch)):
+    with _as_step(self, step_graph_decision(forward_batch)):
         return orig(self, forward_batch, *args, **kwargs)
 
 
-def _fallback(runner: Any, forward_batch: Any, mode: str) -> None:
+def _fallback(runner: Any, forward_batch: Any, mode: Mode) -> None:
     """Count (and log once) a decode step in the captured range that will run eager."""
     if forward_batch.batch_size > runner.max_bs:
         return  # above --cuda-graph-max-bs: eager by configuration, as upstream
@@ -262,14 +264,14 @@ def fallback_reason(runner: Any, forward_batch: Any) -> str:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(CAPTURE_ONE_SHAPE, capture_one_shape, "around",
              "--overlap-gating auto: capture each decode shape once per overlap mode",
-             "src:1b06a732620c", feature="gate"),
+             "src:1b06a732620c", feature=Feature.GATE),
     HookSpec(MAKE_GRAPH_KEY, make_graph_key, "around",
              "--overlap-gating auto: a graph key names its overlap mode", "src:0e1925a77c08",
-             feature="gate"),
+             feature=Feature.GATE),
     HookSpec(CAN_RUN_GRAPH, can_run_graph, "around",
              "--overlap-gating auto: a step replays its mode's graph (not only TBO ones)",
-             "src:fa22154437e3", feature="gate"),
+             "src:fa22154437e3", feature=Feature.GATE),
     HookSpec(EXECUTE, execute, "around",
              "--overlap-gating auto: replay the step's mode's graph", "src:5b4ef7f1439a",
-             feature="gate"),
+             feature=Feature.GATE),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.planning.sbo_layout import SboLayout
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -35,5 +36,5 @@ def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(MASKED_GEMM, masked_gemm, "around",
              "the SBO down GEMM is kernels.down_gemm (deep_gemm wheels lack the signal kwargs)",
-             "src:66040fc1b260", feature="sbo"),
+             "src:66040fc1b260", feature=Feature.SBO),
 )

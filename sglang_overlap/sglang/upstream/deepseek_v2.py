@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.settings import SettingsError
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -58,5 +59,5 @@ def forward_deepep(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(FORWARD_DEEPEP, forward_deepep, "around",
              "--overlap-gating auto: SBO (shared-expert overlap, signal GEMM) only in SBO steps",
-             "src:07bd38bfef0e", feature="gate"),
+             "src:07bd38bfef0e", feature=Feature.GATE),
 )

@@ -5,7 +5,8 @@ counts, forward modes and TBO verdict. The mode selector (`selector_runtime.py`)
 call (`tick`; with attention DP, every --overlap-gating-sync-steps calls, an all-reduce of new
 measurements, reached at the same call on every rank, since every rank runs this hook for the same
 steps; without it the measurements ride the request broadcast, `request_receiver.py`), then picks
-the mode of this step; TBO is turned off for the step when another mode (or none) is chosen. TBO is
+this step's `StepDecision` and hands it to the step's forward (`state.hand_over`); SGLang's TBO
+split is turned off for the step when another mode (or none) is chosen. TBO is
 a candidate only where SGLang can run it and the split gives both micro-batches tokens on some rank
 (`planning.two_batch.split_overlaps`): a one-sequence decode step "in TBO" is the serial step plus
 an empty micro-batch, and measuring it would only teach the selector noise. Same inputs on every
@@ -21,7 +22,7 @@ import logging
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.planning.step_table import MODES
+from sglang_overlap.modes import SELECTOR_MODES, Feature, Mode, Phase
 from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
 from sglang_overlap.sglang import selector_setup, state
 from sglang_overlap.sglang.hooks import HookSpec, Pin
@@ -34,7 +35,7 @@ TP0_INFO_COLUMNS = ("sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBat
                     "_get_local_tensor")
 
 _PREFILL_MODES: set[int] = set()
-_STATS_KEY = {m: f"gate_{m}" for m in MODES}
+_STATS_KEY = {m: f"gate_{m}" for m in SELECTOR_MODES}
 
 
 def _prefill_modes() -> set[int]:
@@ -46,14 +47,14 @@ def _prefill_modes() -> set[int]:
     return _PREFILL_MODES
 
 
-def step_phase(mlp_sync_info: Any) -> str:
+def step_phase(mlp_sync_info: Any) -> Phase:
     """prefill when any rank extends (not target-verify), else decode: from gathered data."""
     mode = mlp_sync_info.global_forward_mode
     if mode is not None:
-        return "prefill" if int(mode) in _prefill_modes() else "decode"
+        return Phase.PREFILL if int(mode) in _prefill_modes() else Phase.DECODE
     info = mlp_sync_info.tp0_info_cpu  # column 5: every rank's local forward mode
     modes = info[:, 5].tolist() if info is not None else []
-    return "prefill" if any(m in _prefill_modes() for m in modes) else "decode"
+    return Phase.PREFILL if any(m in _prefill_modes() for m in modes) else Phase.DECODE
 
 
 def _tokens_per_seq(mlp_sync_info: Any) -> int:
@@ -81,22 +82,21 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
     if s.overlap_gating != "auto":
         return
     if kwargs.get("skip_global_metadata"):
-        state.set_step_mode(None)  # undecided: upstream's own path, not the last step's mode
+        state.hand_over(None)  # undecided: SGLang's own rule, not the last step's decision
         return
     rt = selector_setup.runtime()
     if rt is None:
         return  # no model runner started a selector in this process (not a serving scheduler)
     rt.tick()
     phase = step_phase(mlp_sync_info)
-    available: set[str] = {"sbo"} if s.enable_single_batch_overlap else set()
+    available: set[Mode] = {Mode.SBO} if s.enable_single_batch_overlap else set()
     tokens = list(mlp_sync_info.global_num_tokens or [mlp_sync_info.num_tokens])
     if mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
-            ForwardKind.EXTEND if phase == "prefill" else ForwardKind.DECODE,
+            ForwardKind.EXTEND if phase == Phase.PREFILL else ForwardKind.DECODE,
             max(tokens, default=0), _tokens_per_seq(mlp_sync_info)):
-        available.add("tbo")
-    decision = rt.selector.decide(phase, tokens, frozenset(available))  # type: ignore[arg-type]
-    rt.expect(decision)
-    state.set_step_mode(decision.mode)
+        available.add(Mode.TBO)
+    decision = rt.decide(phase, tokens, frozenset(available))
+    state.hand_over(decision)
     stats.count(_STATS_KEY[decision.mode])
     if decision.busiest > 0:  # an idle step decides nothing (the selector's `chosen` skips it)
         stats.add("decisions", phase, decision.mode)
@@ -105,7 +105,7 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
     if decision.changed:
         stats.add("decision_changes", phase)
         logger.info("sglang-overlap gate: %s -> %s (%s)", phase, decision.mode, decision.reason)
-    if decision.mode != "tbo":
+    if decision.mode != Mode.TBO:
         mlp_sync_info.tbo_split_seq_index = None
         mlp_sync_info.global_forward_mode = None
 
@@ -113,7 +113,7 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(UPDATE_GATHER_BATCH, select_step, "before",
              "--overlap-gating auto: the mode selector decides TBO per step, same on every rank",
-             "src:4286710a7e2d", feature="gate",
+             "src:4286710a7e2d", feature=Feature.GATE,
              relies_on=(Pin(TP0_INFO_COLUMNS, "src:33594465f0fd",
                             "step_phase: column 5 of tp0_info_cpu is local_forward_mode"),)),
 )

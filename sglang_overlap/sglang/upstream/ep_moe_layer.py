@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 from sglang_overlap.sglang.upstream.server_args import TORCH_A2A
@@ -32,5 +33,5 @@ def run_moe_core(orig: Any, self: Any, dispatch_output: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(RUN_MOE_CORE, run_moe_core, "around",
              "torch_a2a: local experts in torch (SGLang has no CPU path for DeepEP layouts)",
-             "src:b1eeddaea0b0", feature="torch_a2a"),
+             "src:b1eeddaea0b0", feature=Feature.TORCH_A2A),
 )

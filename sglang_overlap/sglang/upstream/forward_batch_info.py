@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang.hooks import HookSpec
 
 PAD_INPUTS = "sglang.srt.model_executor.forward_batch_info.ForwardBatch._pad_inputs_to_size"
@@ -43,5 +44,5 @@ def pad_inputs_to_size(orig: Any, self: Any, model_runner: Any, *args: Any, **kw
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(PAD_INPUTS, pad_inputs_to_size, "around",
              "CPU: torch_native attention lacks the padding fill value a2a batches need",
-             "src:dff480b8eb0d", feature="torch_a2a", cpu_only=True),
+             "src:dff480b8eb0d", feature=Feature.TORCH_A2A, cpu_only=True),
 )

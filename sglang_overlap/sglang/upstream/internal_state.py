@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang import selector_setup
 from sglang_overlap.sglang.hooks import HookSpec
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime
@@ -43,5 +44,5 @@ def add_gate_table(result: Any, *args: Any, **kwargs: Any) -> None:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(GET_INTERNAL_STATE, add_gate_table, "after",
              "--overlap-gating auto: expose the learned step-time table over HTTP",
-             "src:be92c976c9e2", feature="gate"),
+             "src:be92c976c9e2", feature=Feature.GATE),
 )

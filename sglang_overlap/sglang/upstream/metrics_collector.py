@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang.hooks import HookSpec
 
 logger = logging.getLogger("sglang_overlap")
@@ -166,5 +167,5 @@ def export(result: Any, collector: Any, *args: Any, **kwargs: Any) -> None:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(LOG_STATS, export, "after",
              "--enable-metrics: the plugin's counters and gate table beside SGLang's own series",
-             "src:ddc680185611", feature="metrics"),
+             "src:ddc680185611", feature=Feature.METRICS),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -35,5 +36,5 @@ def after_from_server_args(result: Any, server_args: Any, *args: Any, **kwargs: 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(FROM_SERVER_ARGS, after_from_server_args, "after",
              "refuse a mode not proven on the served architecture when the config is read",
-             "src:4905163949a7", feature="args"),
+             "src:4905163949a7", feature=Feature.ARGS),
 )

@@ -6,13 +6,15 @@ time and count each step.
 the cost model cannot describe, or an unusable --overlap-hardware-profile, stops the server at
 start-up instead of at the first selected step.
 
-`ModelRunner.forward` (AROUND): a step is one forward of the model. When the selector decided
-this step, time it into the selector's (phase, token bucket, mode) cell: wall time on CPU (where the
-forward is synchronous), two CUDA events on GPU, read later only once completed (no device sync
-on the hot path). Draft-model forwards and steps the selector did not decide are not timed. Every
-non-idle forward of the served model is counted (`stats.add("steps", phase, mode, runner)`): the
-mode SGLang runs for the batch (`decode_cuda_graph_runner.step_graph_mode`), and whether it
-replayed a graph or ran eager.
+`ModelRunner.forward` (AROUND): a forward of the served model is one step. It takes the step's
+decision (`state.take_handed_over`: the mode selector's, or, for a step the selector did not
+decide, `modes.upstream_rule` from the batch SGLang built), checks that SGLang's batch agrees with
+it (split for TBO, unsplit otherwise) and runs the forward inside `state.step(decision)`, where the
+graph runner and the MoE layers read it. A selector decision is timed into its cell: wall time on
+CPU (where the forward is synchronous), two CUDA events on GPU, read later only once completed (no
+device sync on the hot path). Every non-idle step is counted from the same decision
+(`stats.add("steps", phase, mode, runner)`, runner: whether it replayed a graph or ran eager).
+Draft-model forwards are left to SGLang.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import time
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature, Mode, Phase, StepDecision, upstream_rule
 from sglang_overlap.sglang import selector_setup, state
-from sglang_overlap.sglang.upstream.decode_cuda_graph_runner import step_graph_mode
 from sglang_overlap.sglang.hooks import HookSpec
 
 INITIALIZE = "sglang.srt.model_executor.model_runner.ModelRunner.initialize"
@@ -38,26 +40,42 @@ def start_selector(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
 def timed_forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
     if self.is_draft_worker:
         return orig(self, forward_batch, *args, **kwargs)
-    phase_mode = _phase_mode(forward_batch)
-    out = _timed(orig, self, forward_batch, *args, **kwargs)
-    if phase_mode is not None:
+    decision = step_decision(forward_batch, state.take_handed_over())
+    with state.step(decision):
+        out = _timed(orig, self, decision, forward_batch, *args, **kwargs)
+    if not forward_batch.forward_mode.is_idle():
         runner = "graph" if getattr(out, "can_run_graph", False) else "eager"
-        stats.add("steps", *phase_mode, runner)
+        stats.add("steps", decision.phase, decision.mode, runner)
     return out
 
 
-def _phase_mode(forward_batch: Any) -> tuple[str, str] | None:
-    """(phase, mode) of the step about to run, from what SGLang will run (None: idle)."""
-    fm = forward_batch.forward_mode
-    if fm.is_idle():
-        return None
-    phase = "prefill" if fm.is_extend() and not fm.is_target_verify() else "decode"
-    return phase, step_graph_mode(forward_batch)
+def batch_phase(forward_mode: Any) -> Phase:
+    """The phase of a batch SGLang runs: prefill for an extend (not target-verify), else decode."""
+    return Phase.PREFILL if forward_mode.is_extend() and not forward_mode.is_target_verify() \
+        else Phase.DECODE
 
 
-def _timed(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+def step_decision(forward_batch: Any, handed: StepDecision | None) -> StepDecision:
+    """The decision this forward runs: `handed` (the selector's), checked against the batch SGLang
+    built, or SGLang's own rule where no selector decided the step. Raises RuntimeError when the
+    batch's split disagrees with the decision (SGLang changed how it carries the TBO split): the
+    graph set, the SBO switch and the counters would then disagree with what runs."""
+    split = bool(forward_batch.can_run_tbo)
+    if handed is None:
+        return upstream_rule(batch_phase(forward_batch.forward_mode), split,
+                             state.settings().enable_single_batch_overlap)
+    if split != (handed.mode == Mode.TBO) and not forward_batch.forward_mode.is_idle():
+        raise RuntimeError(
+            f"sglang-overlap: step {handed.step} was decided {handed.mode} but SGLang "
+            f"{'split' if split else 'did not split'} its batch; the selector's decision "
+            f"no longer reaches SGLang's TBO split (is this SGLang version supported?)")
+    return handed
+
+
+def _timed(orig: Any, self: Any, decision: StepDecision, forward_batch: Any, *args: Any,
+           **kwargs: Any) -> Any:
     rt = selector_setup.runtime()
-    cell = rt.take_pending() if rt is not None else None
+    cell = rt.timed_cell(decision) if rt is not None else None
     if rt is None or cell is None:
         return orig(self, forward_batch, *args, **kwargs)
     if rt.cuda:
@@ -78,8 +96,8 @@ def _timed(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(INITIALIZE, start_selector, "after",
              "--overlap-gating auto: build the mode selector at start-up (refusals then)",
-             "src:4bbf5629ab71", feature="gate"),
+             "src:4bbf5629ab71", feature=Feature.GATE),
     HookSpec(FORWARD, timed_forward, "around",
              "--overlap-gating auto: time each selected step (the selector learns from it)",
-             "src:a3842a28ccc0", feature="gate"),
+             "src:a3842a28ccc0", feature=Feature.GATE),
 )

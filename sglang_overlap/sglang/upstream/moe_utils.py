@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.settings import SettingsError
 from sglang_overlap.sglang import sbo_decision, state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -59,5 +60,5 @@ def _with_sbo_refusal_lifted(orig: Any, *args: Any, **kwargs: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(INITIALIZE_MOE_CONFIG, initialize_moe_config, "around",
              "choose the SBO path once per process; lift the SM90 refusal only when one exists",
-             "src:b3bc305c9370", feature="sbo"),
+             "src:b3bc305c9370", feature=Feature.SBO),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -28,5 +29,5 @@ def execute_overlapped_operations(orig: Any, inputs_arr: Any, operations_arr: An
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(EXECUTE_OVERLAPPED, execute_overlapped_operations, "around",
              "mark the TBO step (no SBO inside it) around upstream's interleaved executor",
-             "src:e7cadc78490e", feature="tbo"),
+             "src:e7cadc78490e", feature=Feature.TBO),
 )

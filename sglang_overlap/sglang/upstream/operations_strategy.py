@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang.hooks import HookSpec
 
 PREFILL_STRATEGY = (
@@ -39,5 +40,5 @@ def prefill_strategy(orig: Any, layer: Any) -> Any:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(PREFILL_STRATEGY, prefill_strategy, "around",
              "CPU: the prefill TBO strategy asks CUDA for SMs", "src:fdbf3fdde058",
-             feature="tbo", cpu_only=True),
+             feature=Feature.TBO, cpu_only=True),
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.sglang import selector_setup
 from sglang_overlap.sglang.hooks import HookSpec
 from sglang_overlap.sglang.selector_runtime import SelectorShare
@@ -48,5 +49,5 @@ def broadcast_reqs(orig: Any, self: Any, recv_reqs: Any, local_reqs: Any = None)
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(BROADCAST_REQS, broadcast_reqs, "around",
              "--overlap-gating auto: the TP leader's step times ride the request broadcast",
-             "src:5a828ff98b44", feature="gate"),
+             "src:5a828ff98b44", feature=Feature.GATE),
 )

@@ -26,6 +26,7 @@ import logging
 import sys
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.settings import (
     OverlapSettings,
     ServerFacts,
@@ -36,15 +37,13 @@ from sglang_overlap.settings import (
     validate_settings as _validate,
 )
 from sglang_overlap.sglang import state
-from sglang_overlap.sglang.hooks import FEATURES, HookSpec, ResolutionSpec
+from sglang_overlap.sglang.hooks import FEATURES, HookSpec
 
 logger = logging.getLogger("sglang_overlap")
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 RESOLVE_ONCE = "sglang.srt.server_args.ServerArgs.resolve_once"
-A2A_RESOLUTION_STEP = "handle_a2a_moe"
-A2A_RESOLUTION_TARGET = "sglang.srt.arg_groups.moe_hook.handle_a2a_moe"
 
 TORCH_A2A = "torch_a2a"
 """The a2a backend the plugin adds to --moe-a2a-backend (`upstream/token_dispatcher_deepep.py`)."""
@@ -82,15 +81,15 @@ def requested_features(settings: OverlapSettings) -> dict[str, str]:
     """feature -> the flag asking for it ("args": any other plugin flag)."""
     out = {}
     if settings.enable_two_batch_overlap:
-        out["tbo"] = "--enable-two-batch-overlap"
+        out[Feature.TBO] = "--enable-two-batch-overlap"
     if settings.enable_single_batch_overlap:
-        out["sbo"] = "--enable-single-batch-overlap"
+        out[Feature.SBO] = "--enable-single-batch-overlap"
     if settings.overlap_gating == "auto":
-        out["gate"] = "--overlap-gating auto"
+        out[Feature.GATE] = "--overlap-gating auto"
     if settings.requested_a2a_backend == TORCH_A2A:
-        out["torch_a2a"] = f"--moe-a2a-backend {TORCH_A2A}"
+        out[Feature.TORCH_A2A] = f"--moe-a2a-backend {TORCH_A2A}"
     if settings != OverlapSettings():
-        out["args"] = "the overlap flags"
+        out[Feature.ARGS] = "the overlap flags"
     return out
 
 
@@ -248,15 +247,6 @@ def _refuse_unavailable_sbo_path(settings: OverlapSettings, args: Any) -> None:
         raise SettingsError(f"sglang-overlap: {decision.refusal}")
 
 
-def alias_to_deepep(server_args: Any, previous: Any) -> None:
-    """Resolution step `handle_a2a_moe`: torch_a2a takes DeepEP's code paths."""
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolved_view
-
-    if resolved_view(server_args).moe_a2a_backend == TORCH_A2A:
-        declare_resolution(server_args, "sglang_overlap", moe_a2a_backend="deepep")
-    previous(server_args)
-
-
 def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
     """Parse `argv` exactly as `sglang serve` would with the plugin loaded.
 
@@ -277,18 +267,13 @@ def parse_server_args(argv: list[str]) -> tuple[Any, OverlapSettings]:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(ADD_CLI_ARGS, _after_add_cli_args, "after",
              "add the plugin's flags (and its a2a backend choice) to SGLang's parser",
-             "src:25ec4221e026", feature="args"),
+             "src:25ec4221e026", feature=Feature.ARGS),
     HookSpec(FROM_CLI_ARGS, _after_from_cli_args, "after",
              "validate the plugin's flags and carry them to every process on the record",
-             "src:3a4e3110ef2d", feature="args"),
+             "src:3a4e3110ef2d", feature=Feature.ARGS),
     HookSpec(RESOLVE_ONCE, _before_resolve_once, "before",
              "Engine(**kwargs): the command line's validation (check_settings) before any process",
-             "src:cea6e91ef921", feature="args"),
-)
-
-RESOLUTION_HOOKS: tuple[ResolutionSpec, ...] = (
-    ResolutionSpec(A2A_RESOLUTION_STEP, alias_to_deepep, A2A_RESOLUTION_TARGET, "src:93b7e3ef5636",
-                   "torch_a2a"),
+             "src:cea6e91ef921", feature=Feature.ARGS),
 )
 
 # The hooks installed even when the guard failed (they only parse, validate and refuse).

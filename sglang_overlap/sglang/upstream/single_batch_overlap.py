@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.planning.sbo_path import SboDecision
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -76,8 +77,8 @@ def compute_overlap_args(orig: Any, dispatch_output: Any, alt_stream: Any) -> An
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(SBO_DOWN_GEMM_FLAG, down_gemm_flag, "around",
              "down-GEMM/combine overlap only when the chosen path has a signal GEMM and form",
-             "src:e69ed28837be", feature="sbo"),
+             "src:e69ed28837be", feature=Feature.SBO),
     HookSpec(COMPUTE_OVERLAP_ARGS, compute_overlap_args, "around",
              "lay the signal out for the plugin's signal GEMM (per expert or per block)",
-             "src:b81cb364ab27", feature="sbo"),
+             "src:b81cb364ab27", feature=Feature.SBO),
 )

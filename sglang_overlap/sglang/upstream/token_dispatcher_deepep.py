@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_overlap.modes import Feature
 from sglang_overlap.planning.sbo_path import SboDecision
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -94,8 +95,8 @@ def combine_core(orig: Any, self: Any, hidden_states: Any, topk_ids: Any,
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(DISPATCHER_INIT, dispatcher_init, "around",
              "torch_a2a: DeepEPDispatcher builds all-to-all impls instead of DeepEP buffers",
-             "src:199fea8eb070", feature="torch_a2a"),
+             "src:199fea8eb070", feature=Feature.TORCH_A2A),
     HookSpec(LL_COMBINE_CORE, combine_core, "around",
              "upstream's combine, with the overlap kwargs of the installed deep_ep's form",
-             "src:b8a70d7bfee5", feature="sbo"),
+             "src:b8a70d7bfee5", feature=Feature.SBO),
 )

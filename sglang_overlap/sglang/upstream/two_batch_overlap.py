@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sglang_overlap import stats
+from sglang_overlap.modes import Feature, Mode
 from sglang_overlap.planning.two_batch import ForwardKind, TwoBatchPlan, plan_two_batch
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -115,7 +116,7 @@ def _count_tbo_step(result: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any
 
     two_chunk = batch.forward_mode == ForwardMode.EXTEND and is_two_chunk_split_enabled(
         batch.extend_seq_lens_cpu)
-    stats.count("two_chunk" if two_chunk else "tbo")
+    stats.count(Mode.TWO_CHUNK if two_chunk else Mode.TBO)
 
 
 def _plugin_tbo() -> bool:
@@ -140,13 +141,14 @@ def two_chunk_hook(orig: Any, *args: Any, **kwargs: Any) -> bool:
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(SPLIT_SEQ_INDEX, split_seq_index_hook, "around",
              "the TBO split index comes from planning.plan_two_batch", "src:f1f807e45e6d",
-             feature="tbo"),
+             feature=Feature.TBO),
     HookSpec(SPLIT_TOKEN_INDEX, split_token_index_hook, "around",
-             "the TBO token index comes from the same plan", "src:d3ac7cbb814e", feature="tbo"),
+             "the TBO token index comes from the same plan", "src:d3ac7cbb814e",
+             feature=Feature.TBO),
     HookSpec(TWO_CHUNK_ENABLED, two_chunk_hook, "around",
              "the two-chunk decision comes from the same plan", "src:467bc0aa49e6",
-             feature="tbo"),
+             feature=Feature.TBO),
     HookSpec(PREPARE_RAW, _count_tbo_step, "after",
              "count TBO / two-chunk steps (evidence in the server log)", "src:7f7e765312cf",
-             feature="tbo"),
+             feature=Feature.TBO),
 )

@@ -132,7 +132,7 @@ def _copy_into(captured: Any, new: Any, path: str = "out") -> int:
 
 
 def _overlap_switches() -> tuple[Any, ...]:
-    """(moe.tbo_enabled, moe.sbo_enabled, the plugin's step mode) now; None where absent."""
+    """(moe.tbo_enabled, moe.sbo_enabled, the plugin's step decision) now; None where absent."""
     try:
         from sglang.srt.runtime_context import get_flags
 
@@ -144,31 +144,32 @@ def _overlap_switches() -> tuple[Any, ...]:
         from sglang_overlap.sglang import state
     except ImportError:
         return (*flags, None)
-    return (*flags, state.step_mode())
+    return (*flags, state.decision())
 
 
 @contextlib.contextmanager
 def _switches_set_to(frozen: tuple[Any, ...]) -> Iterator[None]:
-    """Set the overlap switches to `frozen` (from `_overlap_switches`) for the block."""
-    saved = _overlap_switches()
+    """Set the overlap switches to `frozen` (from `_overlap_switches`) for the block: a replay
+    runs as its capture did, whatever the step's own decision (a CUDA graph bakes them in)."""
+    tbo, sbo, decision = frozen
+    flags = None
+    if tbo is not None:
+        from sglang.srt.runtime_context import get_flags
 
-    def put(values: tuple[Any, ...]) -> None:
-        tbo, sbo, mode = values
-        if tbo is not None:
-            from sglang.srt.runtime_context import get_flags
-
-            get_flags().moe.tbo_enabled, get_flags().moe.sbo_enabled = tbo, sbo
+        flags = get_flags().moe
+        saved = flags.tbo_enabled, flags.sbo_enabled
+        flags.tbo_enabled, flags.sbo_enabled = tbo, sbo
+    try:
         try:
             from sglang_overlap.sglang import state
         except ImportError:
-            return
-        state.set_step_mode(mode)
-
-    put(frozen)
-    try:
-        yield
+            yield
+        else:
+            with state.step(decision):
+                yield
     finally:
-        put(saved)
+        if flags is not None:
+            flags.tbo_enabled, flags.sbo_enabled = saved
 
 
 class StandInGraphBackend:
