@@ -27,6 +27,7 @@ from sglang.srt.managers.scheduler_components import dp_attn as upstream_dp_attn
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_overlap import stats  # noqa: E402
+from sglang_overlap.modes import Mode, Phase, StepDecision  # noqa: E402
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior  # noqa: E402
 from sglang_overlap.planning.cost.profiles import (  # noqa: E402
     Deployment,
@@ -35,7 +36,6 @@ from sglang_overlap.planning.cost.profiles import (  # noqa: E402
 )
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig  # noqa: E402
 from sglang_overlap.planning.step_table import cell_index, measure_bucket  # noqa: E402
-from sglang_overlap.modes import Mode, Phase, StepDecision  # noqa: E402
 from sglang_overlap.settings import OverlapSettings, SettingsError  # noqa: E402
 from sglang_overlap.sglang import selector_setup, state  # noqa: E402
 from sglang_overlap.sglang.selector_runtime import SelectorRuntime, SelectorShare  # noqa: E402

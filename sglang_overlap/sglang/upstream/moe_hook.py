@@ -1,4 +1,4 @@
-"""Hook on `sglang.srt.arg_groups.moe_hook`: `--moe-a2a-backend torch_a2a` takes DeepEP's code paths.
+"""Hook on `sglang.srt.arg_groups.moe_hook`: `--moe-a2a-backend torch_a2a` takes DeepEP's paths.
 
 SGLang resolves --moe-a2a-backend in the argument-resolution step `handle_a2a_moe`; the plugin's
 step (run before SGLang's own) declares the resolved backend deepep when torch_a2a was asked for,
