@@ -42,7 +42,7 @@ def render(out: dict[str, Any]) -> str:
     lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]
     sbo = out[Mode.SBO]
     lines.append(f"SBO: {sbo['path'] or 'REFUSED'}: {sbo['refusal'] or sbo['reason']}")
-    lines.append(f"TBO: {out['tbo']['path']}")
+    lines.append(f"TBO: {out[Mode.TBO]['path']}")
     lines += _compat_lines(out["compat"])
     lines.append("ready" if out["ok"] else "NOT READY for these flags")
     return "\n".join(lines)
