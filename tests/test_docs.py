@@ -52,8 +52,8 @@ def test_the_hook_table_lists_exactly_the_registered_hooks() -> None:
     for name in hooks.GLUE_MODULES:
         module = hooks._glue(name)  # noqa: SLF001 - the registry's own import
         expected += [(_short(s.target), s.kind, s.feature + (", CPU only" if s.cpu_only else ""),
-                      f"{name}.py") for s in module.HOOKS]
-        expected += [(_short(s.step_target), "resolution", s.feature, f"{name}.py")
+                      f"upstream/{name}.py") for s in module.HOOKS]
+        expected += [(_short(s.step_target), "resolution", s.feature, f"upstream/{name}.py")
                      for s in getattr(module, "RESOLUTION_HOOKS", ())]
     assert len({t for t, *_ in expected}) == len(expected), "two targets share a table name"
     table = _hook_table()
@@ -69,9 +69,9 @@ def _doc_paths() -> list[tuple[str, str]]:
 
 
 def _exists(path: str) -> bool:
-    """A path from the repository root, or from the package's (`planning/two_chunk.py` means
-    `sglang_overlap/planning/two_chunk.py`)."""
-    roots = [REPO, REPO / "sglang_overlap"]
+    """A path from the repository root, the package's (`planning/two_chunk.py` means
+    `sglang_overlap/planning/two_chunk.py`) or the glue's (`upstream/dp_attn.py`)."""
+    roots = [REPO, REPO / "sglang_overlap", REPO / "sglang_overlap" / "sglang"]
     return any((root / path).exists() for root in roots)
 
 

@@ -112,7 +112,8 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(UPDATE_GATHER_BATCH, select_step, "before",
-             "--overlap-gating auto: the mode selector decides TBO per step, same on every rank",
+             "--overlap-gating auto: the selector decides each step alike on every rank; the "
+             "decision goes to the step's forward",
              "src:4286710a7e2d", feature=Feature.GATE,
              relies_on=(Pin(TP0_INFO_COLUMNS, "src:33594465f0fd",
                             "step_phase: column 5 of tp0_info_cpu is local_forward_mode"),)),

@@ -98,6 +98,6 @@ HOOKS: tuple[HookSpec, ...] = (
              "--overlap-gating auto: build the mode selector at start-up (refusals then)",
              "src:4bbf5629ab71", feature=Feature.GATE),
     HookSpec(FORWARD, timed_forward, "around",
-             "--overlap-gating auto: time each selected step (the selector learns from it)",
+             "run each step inside its decision, checked against the batch; time and count it",
              "src:a3842a28ccc0", feature=Feature.GATE),
 )
