@@ -7,7 +7,7 @@ benchmarks/bench_graph_sets.py (no torch here; the GPU half replays CUDA graphs)
 * `run_policy`: one pass over the trace. A fixed policy runs its mode wherever it can run (TBO
   needs a split: at least two sequences and a TBO graph), else none. "auto" runs the plugin's
   real `ModeSelector` fed through its real `SelectorRuntime` the way the server does
-  (`tick`, `decide(phase, tokens, available)`, `expect`, `take_pending`, then the step's two
+  (`tick`, `decide(phase, tokens, available)`, `timed_cell(decision)`, then the step's two
   timing events handed to `push_events`, read once completed; measurements merged every
   `sync_steps` steps by the all-reduce transport, which on one rank is a no-op sum).
 * `summarize`: per policy and round, the total step time, and the ratios the report prints.
@@ -119,9 +119,8 @@ def run_policy(policy: str, trace: Sequence[int], sizes: Sequence[int],
         explored, cell = False, None
         if runtime is not None and policy == "auto":
             runtime.tick()
-            decision = runtime.selector.decide("decode", [bs], can)
-            runtime.expect(decision)
-            cell = runtime.take_pending()
+            decision = runtime.decide("decode", [bs], can)
+            cell = runtime.timed_cell(decision)
             mode, explored = decision.mode, decision.explored
         else:
             mode = policy if policy in can else "none"
