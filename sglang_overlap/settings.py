@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sglang_overlap.modes import Mode
 from sglang_overlap.planning.cost.profiles import HARDWARE_PROFILES, ProfileError, load_hardware
 from sglang_overlap.planning.sbo_layout import default_comm_num_sms
 from sglang_overlap.planning.selector import check_explore_share, check_hysteresis, check_trials
@@ -163,6 +164,14 @@ class OverlapSettings:
     @property
     def any_overlap(self) -> bool:
         return self.enable_two_batch_overlap or self.enable_single_batch_overlap
+
+    @property
+    def enabled_modes(self) -> frozenset[Mode]:
+        """The overlap modes these flags turn on (none can always run): the one place a flag
+        becomes a mode."""
+        on = {Mode.TBO: self.enable_two_batch_overlap, Mode.TWO_CHUNK: self.two_chunk_enabled,
+              Mode.SBO: self.enable_single_batch_overlap}
+        return frozenset(m for m, enabled in on.items() if enabled)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

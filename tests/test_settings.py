@@ -272,3 +272,14 @@ def test_the_tbo_sbo_warning_and_the_a2a_errors_read_in_full() -> None:
                    ServerFacts(moe_a2a_backend="torch_a2a")) == [
         "--moe-a2a-backend torch_a2a needs --tp 2 or more (experts are spread over the "
         "tensor-parallel ranks, got --tp 1)"]
+
+
+@pytest.mark.parametrize(("kwargs", "want"), [
+    ({}, set()),
+    ({"enable_two_batch_overlap": True, "tbo_token_distribution_threshold": 0.0}, {"tbo"}),
+    ({"enable_two_batch_overlap": True}, {"tbo", "two_chunk"}),  # SGLang's threshold 0.48
+    ({"tbo_token_distribution_threshold": 0.48}, set()),  # two-chunk is a TBO split
+    ({"enable_single_batch_overlap": True}, {"sbo"}),
+])
+def test_the_flags_turn_on_their_modes(kwargs: dict[str, object], want: set[str]) -> None:
+    assert OverlapSettings(**kwargs).enabled_modes == want

@@ -16,7 +16,6 @@ import atexit
 import logging
 from typing import Any
 
-from sglang_overlap.modes import Mode
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior, Prior
 from sglang_overlap.planning.cost.profiles import (
@@ -38,20 +37,11 @@ logger = logging.getLogger("sglang_overlap")
 FLAG = "--overlap-hardware-profile"
 
 
-def enabled_modes(s: OverlapSettings) -> frozenset[Mode]:
-    enabled: set[Mode] = set()
-    if s.enable_two_batch_overlap:
-        enabled |= {Mode.TBO, Mode.TWO_CHUNK} if s.two_chunk_enabled else {Mode.TBO}
-    if s.enable_single_batch_overlap:
-        enabled.add(Mode.SBO)
-    return frozenset(enabled)
-
-
 def resolve_prior(s: OverlapSettings, model: ModelProfile, deploy: Deployment, *,
                   device: str, device_name: str | None) -> tuple[Prior, str]:
     """(the prior, one line saying how --overlap-hardware-profile was resolved). Raises
     ProfileError naming the flag for a profile that cannot be used."""
-    enabled = enabled_modes(s)
+    enabled = s.enabled_modes
     spec = s.overlap_hardware_profile
     if spec != "auto":
         try:

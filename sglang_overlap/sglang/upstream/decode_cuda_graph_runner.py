@@ -66,8 +66,7 @@ def graph_modes(s: OverlapSettings) -> tuple[Mode, ...]:
     upstream's single set serves (no mode selector, or nothing to select)."""
     if s.overlap_gating != "auto":
         return ()
-    on = {Mode.TBO: s.enable_two_batch_overlap, Mode.SBO: s.enable_single_batch_overlap}
-    modes = tuple(m for m in GRAPH_ORDER if on.get(m, True))
+    modes = tuple(m for m in GRAPH_ORDER if m == Mode.NONE or m in s.enabled_modes)
     return modes if len(modes) > 1 else ()
 
 

@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.modes import SELECTOR_MODES, Feature, Mode, Phase
+from sglang_overlap.modes import SELECTOR_MODES, SPLITS_BATCH, Feature, Mode, Phase
 from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
 from sglang_overlap.sglang import selector_setup, state
 from sglang_overlap.sglang.hooks import HookSpec, Pin
@@ -89,12 +89,12 @@ def select_step(batch: Any, mlp_sync_info: Any, *args: Any, **kwargs: Any) -> No
         return  # no model runner started a selector in this process (not a serving scheduler)
     rt.tick()
     phase = step_phase(mlp_sync_info)
-    available: set[Mode] = {Mode.SBO} if s.enable_single_batch_overlap else set()
     tokens = list(mlp_sync_info.global_num_tokens or [mlp_sync_info.num_tokens])
-    if mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
-            ForwardKind.EXTEND if phase == Phase.PREFILL else ForwardKind.DECODE,
-            max(tokens, default=0), _tokens_per_seq(mlp_sync_info)):
-        available.add(Mode.TBO)
+    # a mode that splits the batch can run only where SGLang split it with tokens on both sides
+    split = mlp_sync_info.tbo_split_seq_index is not None and split_overlaps(
+        ForwardKind.EXTEND if phase == Phase.PREFILL else ForwardKind.DECODE,
+        max(tokens, default=0), _tokens_per_seq(mlp_sync_info))
+    available = {m for m in s.enabled_modes if split or m not in SPLITS_BATCH}
     decision = rt.decide(phase, tokens, frozenset(available))
     state.hand_over(decision)
     stats.count(_STATS_KEY[decision.mode])
