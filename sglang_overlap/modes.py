@@ -67,6 +67,13 @@ GRAPH_ORDER: tuple[Mode, ...] = (Mode.TBO, Mode.SBO, Mode.NONE)
 """The order decode graph sets are captured in, under the selector: largest first."""
 SPLITS_BATCH: frozenset[Mode] = frozenset({Mode.TBO, Mode.TWO_CHUNK})
 """The modes that run a step as two micro-batches."""
+CANDIDATES: Mapping[Phase, Mapping[Mode, frozenset[Mode]]] = {
+    Phase.DECODE: {Mode.TBO: frozenset({Mode.TBO}), Mode.SBO: frozenset({Mode.SBO})},
+    Phase.PREFILL: {Mode.TBO: frozenset({Mode.TBO, Mode.TWO_CHUNK})},
+}
+"""Per phase, each mode the selector may choose besides none, and the enabled modes that make it a
+candidate (a prefill TBO step may cut a request in two: two-chunk is TBO's own plan per batch).
+SBO needs the low-latency dispatch, which SGLang runs for decode only."""
 
 
 def mode_of(value: str) -> Mode:
@@ -139,6 +146,6 @@ def upstream_rule(phase: Phase, split: bool, sbo_enabled: bool) -> StepDecision:
                         source="upstream")
 
 
-__all__ = ["ENABLABLE", "GRAPH_ORDER", "PHASES", "PLAN_MODES", "SELECTOR_MODES", "SPLITS_BATCH",
-           "TIE_ORDER", "Feature", "Mode", "Phase", "StepDecision", "mode_of", "phase_of",
-           "upstream_rule"]
+__all__ = ["CANDIDATES", "ENABLABLE", "GRAPH_ORDER", "PHASES", "PLAN_MODES", "SELECTOR_MODES",
+           "SPLITS_BATCH", "TIE_ORDER", "Feature", "Mode", "Phase", "StepDecision", "mode_of",
+           "phase_of", "upstream_rule"]

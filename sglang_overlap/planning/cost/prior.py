@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Protocol
 
-from sglang_overlap.modes import ENABLABLE, PHASES, Mode, Phase, phase_of
+from sglang_overlap.modes import CANDIDATES, ENABLABLE, PHASES, Mode, Phase, phase_of
 from sglang_overlap.planning.cost.cost_model import predict
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 
@@ -37,10 +37,9 @@ def token_bucket(tokens: int) -> int:
 
 
 def candidate_modes(phase: Phase, enabled: frozenset[Mode]) -> tuple[Mode, ...]:
-    """The modes the gate chooses among in `phase`, as labelled in its decisions."""
-    if phase == Phase.DECODE:
-        return (Mode.NONE, *(m for m in (Mode.TBO, Mode.SBO) if m in enabled))
-    return (Mode.NONE, Mode.TBO) if enabled & {Mode.TBO, Mode.TWO_CHUNK} else (Mode.NONE,)
+    """The modes the gate chooses among in `phase`, as labelled in its decisions
+    (`modes.CANDIDATES`)."""
+    return (Mode.NONE, *(m for m, by in CANDIDATES[phase_of(phase)].items() if enabled & by))
 
 
 def check_enabled(enabled: frozenset[Mode]) -> frozenset[Mode]:
