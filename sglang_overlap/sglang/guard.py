@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from sglang_overlap.compat import SUPPORTED_SGLANG
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class GuardResult:
         return self.mismatch is None
 
     def message(self) -> str:
-        return (f"sglang-overlap supports sglang {', '.join(SUPPORTED_SGLANG)}; installed: "
+        return (f"sglang-overlap supports sglang {SUPPORTED_SGLANG}; installed: "
                 f"sglang {self.installed}: {self.mismatch}")
 
 
@@ -180,7 +180,7 @@ def check(pins: Iterable[tuple[str, str]], version: str | None = None) -> GuardR
     version = version if version is not None else installed_version()
     if version is None:
         return GuardResult(None, "sglang is not installed")
-    if version not in SUPPORTED_SGLANG:
+    if version != SUPPORTED_SGLANG:
         return GuardResult(version, "this version is not supported")
     root = _sglang_dir()
     if root is None:
