@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured, notes = _measure(args)
     if int(os.environ.get("RANK", "0")) == 0:
         data = write_profile(args.out, args.base, measured,
-                             "measured by benchmarks/calibrate.py: " + "; ".join(notes))
+                             "measured by calibrate.py: " + "; ".join(notes))
         print(json.dumps(data, indent=2))
     return 0
 

@@ -171,7 +171,7 @@ def table_file(results: list[dict], env: dict, gpu: str, base: dict) -> dict:
             "where": (f"driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
                       f"nvcc {env['nvcc']}"),
             "release": f"sgl-deep-gemm {env['deep_gemm']} (the patched kernel's headers)",
-            "how": ("benchmarks/tune_producer.py: per bucket shape (DeepSeek-V3 down projection "
+            "how": ("tune_producer.py: per bucket shape (DeepSeek-V3 down projection "
                     "N 7168, K 2048, C = rows rounded up to 64, every expert full) every "
                     "candidate tile x {store_warp, deferred} with per-(expert, 64-row block) "
                     "signals on all SMs, graph-timed once, the fastest checked and timed in 9 "

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 from sglang_overlap.planning.sbo_path import PINNED_DEEP_EP, Arch, CombineForm
 
 SUPPORTED_SGLANG = "0.5.23"
-SGLANG_DEEP_GEMM = "0.2.3.post2"  # the sgl-deep-gemm sglang 0.5.23 pins
+"""The one sglang release the hooks are written for: the version guard leaves the plugin inert
+under any other, and the `sglang` extra pins exactly this. The package writes the number here
+only; everything else formats this constant in."""
+SGLANG_DEEP_GEMM = "0.2.3.post2"
+"""The sgl-deep-gemm release that `SUPPORTED_SGLANG` pins."""
 
 
 def patched_deep_gemm_versions() -> tuple[str, ...]:
@@ -188,7 +192,7 @@ _COLUMNS = ("GPU", "deep_ep", "deep_gemm", "nvcc", "EP backend", "SBO path",
 
 
 def markdown_table() -> str:
-    """The table as it appears in README.md (sglang 0.5.23 on every row)."""
+    """The table as it appears in README.md (`SUPPORTED_SGLANG` on every row)."""
     lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for r in rows():
         cells = (r.gpu, r.deep_ep, r.deep_gemm, r.nvcc, r.tbo, f"`{r.sbo}`", r.producer, r.flags)

@@ -1,11 +1,11 @@
 """Which model architectures each overlap mode is proven on, and the refusal for the others.
 
-A cell is either proven - a tiny random instance of the architecture served by a real SGLang
-0.5.23 server on CPU answers token for token as the same server without the plugin, and the
-mode's path is seen running (the test named in the cell) - or refused when the server starts,
-naming the architecture and the mode. No cell is allowed without proof: an architecture missing
-from `TABLE` is refused for every mode. (SGLang #36840: SBO ran silently wrong on a model whose
-layers lacked the matching operation strategy.)
+A cell is either proven - a tiny random instance of the architecture served by a real server of the
+supported SGLang on CPU answers token for token as the same server without the plugin, and the
+mode's path is seen running (the end-to-end server case named in the cell) - or refused when the
+server starts, naming the architecture and the mode. No cell is allowed without proof: an
+architecture missing from `TABLE` is refused for every mode (SBO can run silently wrong on a model
+whose layers lack the matching operation strategy).
 
 One source for the README's table (`markdown_table`, compared with README.md by a test), for the
 server (`sglang/server_args.py` refuses at argument parsing when the model's config.json is on
@@ -32,28 +32,29 @@ MODES: dict[Mode, str] = {
 }
 """Each mode, as the flags that ask for it."""
 
-_E2E = "tests/e2e/test_overlap_servers.py"
+# Each cell names the end-to-end suites that prove it, with the server case in backticks: the
+# overlap servers (DeepSeek-V3, every mode), the CUDA-graph servers, the gating servers and the
+# DeepSeek-V2 servers.
 _DSV3_PROOF: dict[Mode, str] = {
-    "tbo": f"{_E2E} (`tbo`), tests/e2e/test_graph_servers.py",
-    "two_chunk": f"{_E2E} (`tbo`: the long prompt is cut in two)",
-    "sbo": f"{_E2E} (`sbo`), tests/e2e/test_graph_servers.py (DeepEP stand-ins)",
-    "gate": f"{_E2E} (`auto`), tests/e2e/test_gating.py",
-    "torch_a2a": f"{_E2E} (`a2a`)",
+    Feature.TBO: "overlap servers (`tbo`), graph servers",
+    Feature.TWO_CHUNK: "overlap servers (`tbo`: the long prompt is cut in two)",
+    Feature.SBO: "overlap servers (`sbo`), graph servers (DeepEP stand-ins)",
+    Feature.GATE: "overlap servers (`auto`), gating servers",
+    Feature.TORCH_A2A: "overlap servers (`a2a`)",
 }
-_V2 = "tests/e2e/test_model_servers.py"
 _DSV2_PROOF: dict[Mode, str] = {
-    "tbo": f"{_V2} (`dsv2_tbo`)",
-    "two_chunk": f"{_V2} (`dsv2_tbo`: the long prompt is cut in two)",
-    "sbo": f"{_V2} (`dsv2_sbo`)",
-    "gate": f"{_V2} (`dsv2_auto`)",
-    "torch_a2a": f"{_V2} (every overlap server)",
+    Feature.TBO: "DeepSeek-V2 servers (`dsv2_tbo`)",
+    Feature.TWO_CHUNK: "DeepSeek-V2 servers (`dsv2_tbo`: the long prompt is cut in two)",
+    Feature.SBO: "DeepSeek-V2 servers (`dsv2_sbo`)",
+    Feature.GATE: "DeepSeek-V2 servers (`dsv2_auto`)",
+    Feature.TORCH_A2A: "DeepSeek-V2 servers (every overlap server)",
 }
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """One row: an HF `architectures[0]` and, per mode, the test that proves it (absent:
-    refused at start, for `why`)."""
+    """One row: an HF `architectures[0]` and, per mode, the end-to-end suites and server case
+    that prove it (absent: refused at start, for `why`)."""
 
     name: str
     models: str

@@ -90,8 +90,8 @@ class OverlapSettings:
         metadata={"help": "Hardware profile of the cost model that --overlap-gating auto starts "
                   "from: auto (detect the GPU; on a CPU or a GPU without a shipped profile, no "
                   "prior: measurements alone decide), one of H20, H800, H100, H200, B200, "
-                  "H200-measured, or a path to a profile JSON file written by "
-                  "benchmarks/calibrate.py.", "upstream": False, "metavar": "PROFILE"},
+                  "H200-measured, or a path to a profile JSON file (the source repository's "
+                  "calibrate.py writes one).", "upstream": False, "metavar": "PROFILE"},
     )
     """--overlap-hardware-profile: GPU name, 'auto', or a calibrated profile file."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from sglang_overlap import compat
 from sglang_overlap.compat import Stack, evaluate
 from sglang_overlap.planning.sbo_path import Capabilities, SboRequest, decide_sbo_path
 
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 PATCHED = compat.patched_deep_gemm_versions()
 HOPPER = Stack(arch="sm90", sglang="0.5.23", deep_ep="0.1.2.post1",
                deep_ep_forms=("per_expert",), deep_gemm=PATCHED[0], nvcc=True, triton=True)
@@ -107,3 +110,29 @@ def test_markdown_table_shape() -> None:
     lines = compat.markdown_table().splitlines()
     assert len(lines) == 2 + len(compat.rows())
     assert {line.count("|") for line in lines} == {9}, "a cell holds a '|'"
+
+
+def _extra_pin(extra: str, package: str) -> str:
+    """The exact version pyproject.toml's `extra` pins `package` to (`package==X`)."""
+    reqs = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"][extra]
+    pins = [r for r in reqs if re.fullmatch(rf"{re.escape(package)}\s*==\s*\S+", r)]
+    assert len(pins) == 1, f"{extra=} {package=} {reqs=}"
+    return pins[0].split("==", 1)[1].strip()
+
+
+def test_the_sglang_extra_pins_the_supported_version() -> None:
+    pin = _extra_pin("sglang", "sglang")
+    assert pin == compat.SUPPORTED_SGLANG, f"{pin=} {compat.SUPPORTED_SGLANG=}"
+
+
+def test_the_guard_and_the_launcher_use_the_supported_version() -> None:
+    from sglang_overlap.launch.commands import INSTALL
+    from sglang_overlap.sglang import guard
+
+    unsupported = "this version is not supported"
+    assert guard.check([], version=compat.SUPPORTED_SGLANG).mismatch != unsupported
+    for other in (compat.SUPPORTED_SGLANG + ".post9", compat.SUPPORTED_SGLANG[:-1], "0.0.1"):
+        assert guard.check([], version=other).mismatch == unsupported, f"{other=}"
+    assert f"supports sglang {compat.SUPPORTED_SGLANG};" in guard.check(
+        [], version=other).message()
+    assert INSTALL["sglang"] == f"sglang=={_extra_pin('sglang', 'sglang')}"

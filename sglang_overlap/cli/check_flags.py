@@ -22,16 +22,16 @@ from sglang_overlap.settings import OverlapSettings, SettingsError, add_argument
 
 A2A_CHOICES = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer",
                "megamoe", "deepep_v2", "pplx", "ascend_tp", "flashinfer_megamoe", "torch_a2a")
-"""SGLang 0.5.23's --moe-a2a-backend choices, plus the plugin's torch_a2a."""
+"""The supported SGLang's --moe-a2a-backend choices, plus the plugin's torch_a2a."""
 
 RUNNER_CHOICES = ("auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm",
                   "experimental_sgl_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutlass",
                   "flashinfer_mxfp4", "flashinfer_cutedsl", "flashinfer_megamoe", "cutlass",
                   "aiter", "marlin", "humming", "experimental_sgl_marlin", "lora_cutedsl",
                   "lora_triton", "lora_marlin", "hpc_ops", "megamoe", "intel_xpu")
-"""SGLang 0.5.23's --moe-runner-backend choices."""
+"""The supported SGLang's --moe-runner-backend choices."""
 
-# (option strings as SGLang spells them, argparse keywords): SGLang 0.5.23's definitions
+# (option strings as SGLang spells them, argparse keywords): the supported SGLang's definitions
 SGLANG_SUBSET: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--model-path", "--model"), {"type": str, "default": None, "required": True}),
     (("--revision",), {"type": str, "default": None}),

@@ -1,7 +1,8 @@
 """`sglang-overlap plan`: predict each overlap mode's time for a deployment, and recommend one.
 
 With no arguments it plans the embedded default deployment: DeepSeek-V3 decode on 2 x 8 H20,
-DP16 + EP16, 32 sequences per GPU, 4096-token context (the setup of SGLang PR #9660's SBO result).
+DP16 + EP16, 32 sequences per GPU, 4096-token context (the setup of SGLang's published SBO
+result).
 Imports only the pure-Python planning layer (no torch, no sglang): it answers in well under a
 second; `--plot` imports matplotlib, and only then.
 """
@@ -49,8 +50,9 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
         "be pasted; `--tp-size` without `--ep-size` means EP = TP, as with "
         "`--moe-a2a-backend deepep`.")
     p.add_argument("--gpu", default="H20", metavar="GPU",
-                   help=f"{', '.join(GPU_NAMES)}, or a profile JSON (e.g. one written by "
-                        "benchmarks/calibrate.py, or {\"base\": \"H20\", ...} overrides)")
+                   help=f"{', '.join(GPU_NAMES)}, or a profile JSON (e.g. one written by the "
+                        "source repository's calibrate.py, or {\"base\": \"H20\", ...} "
+                        "overrides)")
     p.add_argument("--model-path", "--model", dest="model", default="deepseek-v3",
                    metavar="MODEL", help=_model_help())
     p.add_argument("--phase", choices=PHASES, default=DEFAULTS.phase)

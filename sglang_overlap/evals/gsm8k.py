@@ -1,6 +1,7 @@
 """Few-shot GSM8K against a running SGLang server (or router), SGLang's own convention.
 
-The convention is `sglang.test.few_shot_gsm8k` (0.5.23), so numbers compare with upstream's:
+The convention is the supported SGLang's `sglang.test.few_shot_gsm8k`, so numbers compare with
+upstream's:
   * the k few-shot examples are the first k lines of test.jsonl, each formatted
     "Question: {q}\\nAnswer: {full worked answer}" and joined with blank lines;
   * question i (the first `num_questions` lines, overlapping the shots, as upstream) is

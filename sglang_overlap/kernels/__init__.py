@@ -22,7 +22,10 @@ Where things are:
 
 Inside SGLang, the glue (`sglang_overlap.sglang`) calls capabilities, combine_overlap, down_gemm
 (with signal_deepgemm / signal_fused / signal_sliced / fp8), and for torch_a2a: a2a, contracts,
-experts, streams; SGLang's own layer runs the rest. What only tests and benchmarks run lives
-outside the package: the GPU harness (the plugin's own MoE layer on the same real kernels,
-`benchmarks/harness/`) and the oracle everything is checked against (`tests/oracle/`).
+experts, streams; SGLang's own layer runs the rest. Not in the package: the GPU harness (the
+plugin's own MoE layer on the same real kernels, with a DeepEP dispatcher and a DeepGEMM expert
+runner) and the pure-torch oracle everything is checked against; only the source repository's
+tests and benchmarks run them.
+
+This package's `__init__` exports nothing: import the module that holds the entry point.
 """

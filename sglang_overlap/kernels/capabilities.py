@@ -40,7 +40,7 @@ _ASSUMED = {"sm90": ((9, 0), HOPPER_NUM_SMS, "assumed SM90 (H100/H200 SXM)"),
             "cpu": (None, None, "assumed CPU")}
 
 DEEP_EP_COMBINE = ("deep_ep", "Buffer.low_latency_combine")
-# SGLang 0.5.23 calls fp8_m_grouped_gemm_nt_masked; older wheels (0.1.x) have the third name.
+# The supported SGLang calls fp8_m_grouped_gemm_nt_masked; older wheels (0.1.x) have the third name.
 DEEP_GEMM_MASKED = ("fp8_m_grouped_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked",
                     "m_grouped_gemm_fp8_fp8_bf16_nt_masked")
 DEEP_GEMM_SIGNAL_ARGS = ("enable_overlap", "signal")

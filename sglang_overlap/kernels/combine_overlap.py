@@ -9,7 +9,7 @@ per_expert (deepseek-ai/DeepEP hybrid-ep @ 94a9f8f, the sgl-deep-ep 0.1.2.post1 
     every local expert, empty ones included. Send-only launches (`return_recv_hook=True`) use
     `max(ceil(E / wg), ceil(T / ceil(T / 32)))` CTAs with wg = ceil(E / 32): at most 32 SMs,
     fixed in the tree ("num_device_sms = 32").
-per_block (deepseek-ai/DeepEP antgroup-opt @ 76f0271, what SGLang 0.5.23 calls on Hopper):
+per_block (deepseek-ai/DeepEP antgroup-opt @ 76f0271, what the supported SGLang calls on Hopper):
     `comp_signal` int32 `[E_local * ceil(C / block_m)]`, C = num_max_dispatch_tokens_per_rank *
     num_ranks; signal `e * ceil(C / block_m) + b` covers rows [b * block_m, (b + 1) * block_m)
     of expert e; the host asserts the length E_local * ceil(C / 64) whatever block_m

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from sglang_overlap.compat import SGLANG_DEEP_GEMM, SUPPORTED_SGLANG
 from sglang_overlap.kernels import fp8
 
 if TYPE_CHECKING:
     pass
 
-INSTALL_HINT = ("install sgl-deep-gemm (0.1.4.post1 for torch 2.11, or 0.2.3.post2 as sglang "
-                "0.5.23 pins) on a Hopper GPU")
+INSTALL_HINT = (f"install sgl-deep-gemm (0.1.4.post1 for torch 2.11, or {SGLANG_DEEP_GEMM} as "
+                f"sglang {SUPPORTED_SGLANG} pins) on a Hopper GPU")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def masked_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale
     `[E, N/128, K/128]` fp32; out `[E, M, N]` bf16; masked_m `[E]` int32; expected_m a hint.
     """
     if a.shape[1] % 64:
-        # measured on the H200 (sgl-deep-gemm 0.1.4.post1): capacity 16 or 32 gave wrong rows
+        # sgl-deep-gemm 0.1.4.post1 writes wrong rows at capacity 16 or 32
         raise ValueError(f"DeepGEMM's masked GEMM needs a capacity M that is a multiple of 64 "
                          f"(got M={a.shape[1]}); pad the per-expert buffer")
     dg = api()

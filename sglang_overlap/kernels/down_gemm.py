@@ -53,9 +53,8 @@ from sglang_overlap.planning.sbo_path import CombineForm
 
 log = logging.getLogger(__name__)
 
-# DeepGEMM's masked GEMM wrote wrong rows at per-expert capacity 16 / 32 (sgl-deep-gemm
-# 0.1.4.post1, benchmarks/results/h200_signal_gemm.md): DeepGEMM runs only where the capacity is
-# a multiple of this.
+# DeepGEMM's masked GEMM writes wrong rows at per-expert capacity 16 / 32 (sgl-deep-gemm
+# 0.1.4.post1): DeepGEMM runs only where the capacity is a multiple of this.
 DEEPGEMM_CAPACITY_ALIGN = 64
 
 @dataclass(frozen=True)
@@ -142,8 +141,7 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
     K 2048):
 
     - deepgemm wherever it can run (a covered deep_gemm release, nvcc, capacity a multiple of
-      64): the fastest producer at every shape measured (benchmarks/results/h200_dg_signal.md,
-      h100_dg_releases.md), with this GPU's `dg_tiles`;
+      64), the fastest producer at every measured shape, with this GPU's `dg_tiles`;
     - fused for capacities DeepGEMM mis-computes (`DEEPGEMM_CAPACITY_ALIGN`);
     - otherwise this GPU's `fallback` table: fused or DeepGEMM slices (E / slice_div experts
       per launch, on 1 or 2 streams) by E, rows and whether the buffer is padded past the rows."""
@@ -220,7 +218,7 @@ def combine_signal_layout(form: CombineForm, *, num_local_experts: int, world_si
 def fused_config(layout: SboLayout, expected_m: int) -> SignalGemmConfig:
     """The fused kernel's launch for `layout`'s tiles (warps / stages tuned for `expected_m`).
     Tile order: n tiles innermost, except where the rows fill every m block and there are 32
-    experts or more (benchmarks/results/h200_padded_gemm.md)."""
+    experts or more (`SignalGemmConfig.m_inner`)."""
     base = default_config(expected_m)
     full = -(-max(1, expected_m) // layout.block_m) >= layout.blocks_per_expert
     return SignalGemmConfig(layout.block_m, layout.block_n, base.num_warps, base.num_stages,
@@ -232,9 +230,9 @@ def prepare_signal_down_gemm(layout: SboLayout, expected_m: int, k: int,
                              device: torch.device | int) -> SignalPlan:
     """Build and load, without launching, the producer `signal_down_gemm` will run for
     `layout` (the patched DeepGEMM kernel is one module per shape). Call it before launching a
-    combine send that spins on the signal: loading a module while a kernel spins waits for a
-    device that never goes idle (seen on the H200: the send launched first, the producer's first
-    load behind it, hung). Returns the plan."""
+    combine send that spins on the signal: loading a module waits for the device to go idle,
+    which it never does while the send spins on a producer not yet loaded (a hang). Returns the
+    plan."""
     plan = choose_signal_path(layout.num_local_experts, expected_m, layout.capacity)
     if plan.path != "deepgemm":
         return plan
@@ -265,14 +263,50 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                      expected_m: int, *, signal: torch.Tensor, layout: SboLayout,
                      compute_num_sms: int | None = None,
                      plan: SignalPlan | None = None) -> SignalPlan:
-    """out[e, :masked_m[e]] = a[e] @ b[e]^T with fp8 block scales, raising `signal` (zeroed, from
-    `signals.new_signal(layout)`) unit by unit; every unit reaches `layout.expect_value`
-    exactly once, empty experts included. a `[E, C, K]` fp8 + `[E, C, K/128]` fp32 scales,
-    b `[E, N, K]` fp8 + `[E, N/128, K/128]` fp32, out `[E, C, N]` bf16. The GEMM keeps to
-    `compute_num_sms` (default: the layout's), leaving the rest to the combine send. `plan`
-    (default: `choose_signal_path` for the shape) runs a given producer; `layout` must then count
-    its tiles (`plan_tiles`). Operands off CUDA always run `host_ordered_plan` (the sliced path
-    marks whole experts, so it serves every layout). Returns the plan it ran."""
+    """The SBO down GEMM: `out[e, :masked_m[e]] = a[e, :masked_m[e]] @ b[e]^T` per local expert,
+    fp8 with DeepGEMM's block scales (recipe 1x128 activations, 128x128 weights), raising
+    `signal` unit by unit as the output rows become final, so a combine send can take them
+    while the GEMM still runs. Launched on the current stream, on `compute_num_sms` SMs; CUDA
+    graphs capture it.
+
+    Arguments:
+        a: `torch.Tensor` `[E, C, K]` `torch.float8_e4m3fn`, contiguous: the SiLU-and-mul output
+            of each expert's rows (C = capacity rows per local expert, K = moe intermediate
+            size, a multiple of 128).
+        a_scale: `torch.Tensor` `[E, C, K / 128]` `torch.float32`: one scale per row per 128
+            channels of K; any strides (the MN-major TMA-aligned layout `fp8.silu_and_mul_quant`
+            writes avoids a copy). UE8M0 scales are refused (Blackwell only).
+        b: `torch.Tensor` `[E, N, K]` `torch.float8_e4m3fn`, contiguous: the down-projection
+            weights (N = hidden size), K-major.
+        b_scale: `torch.Tensor` `[E, ceil(N / 128), K / 128]` `torch.float32`, contiguous: one
+            scale per 128 x 128 weight block.
+        out: `torch.Tensor` `[E, C, N]` `torch.bfloat16`, contiguous, written in place: rows
+            [0, masked_m[e]) of expert e; rows past masked_m[e] are unspecified.
+        masked_m: `torch.Tensor` `[E]` `torch.int32` on the device: valid rows per expert, each
+            <= C (DeepEP's `packed_recv_count`).
+        expected_m: host int, the expected rows per expert: a tiling hint and the producer
+            tables' key (pass the value `layout` was built with); results do not depend on it.
+        signal: `torch.Tensor` of `layout.signal_shape`, zeroed (`signals.new_signal(layout)`):
+            `[E * ceil(C / layout.block_m)]` int32 per row block or `[E]` uint32 per expert.
+            Every unit reaches `layout.expect_value` exactly once, after the rows it covers are
+            in memory (on CUDA a gpu-scope release), empty experts included.
+        layout: the `SboLayout` for this E, C and N whose units count the producer's tiles
+            (`signal_layout` / `combine_signal_layout`).
+        compute_num_sms: SMs the GEMM may occupy (default: `layout.compute_num_sms`); the rest
+            stay free for the combine send.
+        plan: the producer to run (default: `choose_signal_path` for the shape); `layout` must
+            then count its tiles (`plan_tiles`). Operands off CUDA always run
+            `host_ordered_plan` (DeepGEMM slices in host order; they mark whole experts, so
+            they serve every layout).
+
+    Returns:
+        plan: the `SignalPlan` that ran. It differs from the one asked for where the patched
+            DeepGEMM producer cannot count `layout` or fails to build or launch: DeepGEMM slices
+            run instead (after a failure, for the rest of the process).
+
+    Raises:
+        ValueError: scales that are not float32.
+    """
     from sglang_overlap.kernels.deepgemm import num_sms_scope
     from sglang_overlap.kernels.signal_sliced import sliced_masked_gemm_signal
 

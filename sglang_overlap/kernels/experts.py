@@ -3,9 +3,9 @@
 
 It computes valid rows only, with the library matmuls (SGLang's other layers use them too): it
 reads the per-expert counts on the host, free on CPU, one sync on GPU (where DeepEP and DeepGEMM
-are the fast path). The oracle it is checked against, `reference.experts.ReferenceExperts`, is a
-separate, batch-independent implementation on purpose: a reference that shared this code could
-not catch its bugs.
+are the fast path). The pure-torch oracle it is checked against (kept with the tests, outside the
+package) is a separate, batch-independent implementation on purpose: a reference that shared this
+code could not catch its bugs.
 
 Legend: E local experts, C capacity rows per expert, R rows of the normal layout, H hidden,
 I moe intermediate.

@@ -1,9 +1,9 @@
 """FP8 (e4m3) block quantisation as DeepGEMM's Hopper recipe wants it, plus SiLU-and-mul + quant.
 
 Recipe (1, 128, 128): activations carry one fp32 scale per token per 128 channels of K, weights
-one fp32 scale per 128 x 128 block. The quantisers are torch and run anywhere (their inverses,
-for the fp64 checks, are the oracle's: `tests/oracle/fp8.py`);
-`silu_and_mul_quant` is a Triton kernel (imported lazily, so this module imports without Triton).
+one fp32 scale per 128 x 128 block. The quantisers are torch and run anywhere (their fp64
+inverses belong to the test oracle, not the package); `silu_and_mul_quant` is a Triton kernel
+(imported lazily, so this module imports without Triton).
 
 Legend: E local experts, M rows per expert (capacity), T tokens, K reduction dim, N output dim,
 I intermediate size (the up GEMM writes 2I: gate then up), G = K // 128 scale groups.

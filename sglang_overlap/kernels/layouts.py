@@ -1,7 +1,8 @@
 """Packing received rows into DeepEP's two layouts, unpacking expert outputs, the weighted sum.
 
-Shared by the torch dispatchers (`reference.LocalDispatcher`, `a2a.AllToAllDispatcher`). All of
-it is sync-free: sizes come from host ints the caller already has, never from `.item()`.
+Shared by the torch dispatchers (`a2a.AllToAllDispatcher` and the test oracle's EP = 1 local
+dispatcher). All of it is sync-free: sizes come from host ints the caller already has, never
+from `.item()`.
 
 Legend: R received rows (one per routed (token, k) pair), H hidden, E_local local experts,
 C capacity (rows per local expert, low-latency layout), T tokens, K top-k.

@@ -48,7 +48,7 @@ class SignalGemmConfig:
     m block), the m blocks that share a weight tile side by side; with a persistent grid whose
     size is a multiple of the blocks per expert, every program then always gets the same m
     block, and at capacity 256 with <= 64 rows only a quarter of the programs have real work
-    (measured 3-3.8x slower than DeepGEMM on the H200; benchmarks/bench_padded_gemm.py)."""
+    (several times slower than DeepGEMM there)."""
 
     def programs(self, sms: int) -> int | None:
         """The grid cap for `grouped_gemm_fp8_signal` on `sms` SMs (None: one per tile)."""
@@ -137,13 +137,31 @@ def grouped_gemm_fp8_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Ten
                             config: SignalGemmConfig, signal: torch.Tensor | None = None,
                             layout: SboLayout | None = None, num_programs: int | None = None
                             ) -> None:
-    """out[e, :masked_m[e]] = (a[e] * a_scale) @ (b[e] * b_scale)^T in fp32, stored as out.dtype.
+    """out[e, :masked_m[e]] = (a[e] * a_scale) @ (b[e] * b_scale)^T, accumulated in fp32 and
+    stored as out.dtype; launched on the current stream.
 
-    a: `[E, M, K]` fp8 (K contiguous); a_scale: `[E, M, K/128]` fp32, any strides;
-    b: `[E, N, K]` fp8 (K contiguous); b_scale: `[E, ceil(N/128), K/128]` fp32;
-    masked_m: `[E]` int32 valid rows; out: `[E, M, N]` bf16 (N contiguous), rows past masked_m
-    untouched. With `signal` (from `signals.new_signal(layout)`, zeroed), each tile bumps its unit's
-    counter after its store. `num_programs` caps the persistent grid (SMs left for a consumer).
+    Arguments:
+        a: `torch.Tensor` `[E, M, K]` `torch.float8_e4m3fn`, K contiguous; K a multiple of 128.
+        a_scale: `torch.Tensor` `[E, M, K / 128]` `torch.float32`, one scale per row per 128
+            channels of K; any strides.
+        b: `torch.Tensor` `[E, N, K]` `torch.float8_e4m3fn`, K contiguous.
+        b_scale: `torch.Tensor` `[E, ceil(N / 128), K / 128]` `torch.float32`, one scale per
+            128 x 128 block; any strides.
+        masked_m: `torch.Tensor` `[E]` `torch.int32`: valid rows per expert, each <= M.
+        out: `torch.Tensor` `[E, M, N]` `torch.bfloat16`, N contiguous, written in place; rows
+            past masked_m[e] are untouched.
+        config: the tile and launch shape (`down_gemm.fused_config`).
+        signal: None, or the zeroed buffer of `signals.new_signal(layout)`:
+            `[E * ceil(M / block_m)]` int32 per block or `[E]` uint32 per expert. Each tile
+            bumps its unit's counter with a gpu-scope release after its store (tiles past
+            masked_m included), so every unit reaches `layout.expect_value` exactly once.
+        layout: the `SboLayout` of `signal` (required with it): E, M, N and the tile shape of
+            `config`.
+        num_programs: caps the persistent grid (None: one program per tile), leaving SMs to a
+            consumer.
+
+    Raises:
+        ValueError: shapes, strides, tile or layout that do not match (the message says which).
     """
     e, m_cap, k = a.shape
     n = b.shape[1]

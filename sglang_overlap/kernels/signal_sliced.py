@@ -59,8 +59,20 @@ def sliced_masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.T
     """The signal form on unmodified DeepGEMM: one masked launch per slice of experts, each
     followed on the same stream by a release store of the slice's final counter values.
 
-    streams=2 alternates slices between the current stream and a side stream (joined before
-    returning), so a slice's CTAs fill the SMs that the previous slice's tail leaves idle.
+    Arguments:
+        a, a_scale, b, b_scale, out, masked_m, expected_m: as `deepgemm.masked_gemm`:
+            a `[E, M, K]` float8_e4m3fn, a_scale `[E, M, K / 128]` float32, b `[E, N, K]`
+            float8_e4m3fn, b_scale `[E, ceil(N / 128), K / 128]` float32, out `[E, M, N]`
+            bfloat16 (written in place; rows past masked_m[e] unspecified), masked_m `[E]`
+            int32, expected_m a host-int hint; M a multiple of 64.
+        signal: the zeroed buffer of `signals.new_signal(layout)`; after each slice its
+            experts' counters are set to `layout.expect_value` (any granularity: whole
+            experts are marked at once).
+        layout: the `SboLayout` of `signal` (its E and M as above).
+        slice_experts: experts per DeepGEMM launch (1 to E).
+        streams: 1, or 2 to alternate slices between the current stream and a side stream
+            (joined before returning), so a slice's CTAs fill the SMs that the previous
+            slice's tail leaves idle.
     """
     if streams not in (1, 2):
         raise ValueError(f"streams must be 1 or 2 (got {streams})")

@@ -61,7 +61,10 @@ class SignalContract:
 
     @property
     def signal(self) -> torch.Tensor:
-        """signal_shape, layout.signal_dtype: the counters as the kernels see them."""
+        """The counters as the kernels see them: `torch.Tensor` of `layout.signal_shape` on
+        `device`, `[E_local * blocks_per_expert]` int32 (granularity "block") or `[E_local]`
+        uint32 ("expert"); unit u is final when signal[u] == `layout.expect_value`. A view of
+        the int32 counters `mark` bumps, so host marks and kernel bumps meet in one buffer."""
         return self._counters.view(_DTYPES[self.layout.signal_dtype])
 
     def unit_rows(self, unit: int) -> tuple[int, int, int]:
@@ -160,6 +163,15 @@ _DONE = object()
 
 
 def new_signal(layout: SboLayout, device: torch.device | str) -> torch.Tensor:
-    """Zeroed counters in `layout`'s shape and dtype (uint32 per expert, int32 per block)."""
+    """The signal buffer a kernel producer raises, zeroed.
+
+    Arguments:
+        layout: the SBO layout the producer's tiles count (`down_gemm.signal_layout`).
+        device: where the GEMM runs.
+
+    Returns:
+        signal: `torch.Tensor` zeros of `layout.signal_shape`: `[E_local * blocks_per_expert]`
+            int32 (granularity "block") or `[E_local]` uint32 ("expert").
+    """
     dtype = torch.uint32 if layout.signal_dtype == "uint32" else torch.int32
     return torch.zeros(layout.signal_shape, dtype=dtype, device=device)

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sglang_overlap.compat import SUPPORTED_SGLANG
 from sglang_overlap.launch.commands import server_argv
 from sglang_overlap.launch.config import ConfigError, LaunchConfig
 
@@ -88,8 +89,8 @@ def sglang_errors(
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             where = ", ".join(str(c.path) for c in cfgs)
             raise ConfigError(
-                f"{where}: could not run SGLang's parser (is sglang==0.5.23 installed in "
-                f"{sys.executable}?):\n{tail}"
+                f"{where}: could not run SGLang's parser (is sglang=={SUPPORTED_SGLANG} "
+                f"installed in {sys.executable}?):\n{tail}"
             )
         results: dict[str, dict[str, object]] = json.loads(dst.read_text())
     errors: list[str | None] = [None] * len(cfgs)

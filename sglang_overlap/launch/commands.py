@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_overlap.compat import SUPPORTED_SGLANG
 from sglang_overlap.launch.config import LaunchConfig, Role
 
 
@@ -30,7 +31,7 @@ class ProcessSpec:
         return shlex.join((["env", *env] if env else []) + list(self.argv))
 
 
-INSTALL = {"sglang": "sglang==0.5.23", "smg": "smg"}
+INSTALL = {"sglang": f"sglang=={SUPPORTED_SGLANG}", "smg": "smg"}
 """What to pip-install for each program a launch runs."""
 
 

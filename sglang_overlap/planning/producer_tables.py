@@ -15,7 +15,8 @@ The rule is code, the numbers are data. Each table lists bucket bounds per axis,
 shape takes the first bucket whose bound is >= its value, and the last bucket above the largest
 bound: the nearest measured shape at or above it (`bucket`). A GPU without a file gets
 `DEFAULT_GPU`'s tables, and the caller logs that once (`tables_for_gpu`).
-`benchmarks/tune_producer.py` measures `dg_tiles` on the GPU it runs on and writes the file.
+A GPU's own file comes from a tuning run on that GPU (the source repository's tune_producer.py
+measures `dg_tiles` and writes the file, provenance included).
 
 Plain Python; no torch, no sglang; mypy --strict.
 """
@@ -243,8 +244,8 @@ def load_producer_tables(spec: str) -> ProducerTables:
     else:
         if spec not in shipped_gpus():
             raise ProfileError(f"no producer table for GPU {spec!r}; shipped: "
-                               f"{', '.join(shipped_gpus())} (benchmarks/tune_producer.py "
-                               "writes one)")
+                               f"{', '.join(shipped_gpus())} (the source repository's "
+                               "tune_producer.py writes one)")
         origin = f"producer-{spec}.json"
         text = resources.files("sglang_overlap").joinpath("profiles", origin).read_text("utf-8")
     try:
@@ -262,4 +263,4 @@ def tables_for_gpu(gpu: str | None) -> tuple[ProducerTables, str | None]:
     what = "no CUDA GPU" if gpu is None else f"no producer table for GPU {gpu}"
     return load_producer_tables(DEFAULT_GPU), (
         f"{what}: the SBO producers use {DEFAULT_GPU}'s tiles (producer-{DEFAULT_GPU}.json; "
-        "benchmarks/tune_producer.py measures a GPU's own)")
+        "the source repository's tune_producer.py measures a GPU's own)")

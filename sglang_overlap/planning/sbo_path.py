@@ -8,9 +8,9 @@ SBO overlaps two things on the DeepEP low-latency path:
 
 The forms DeepEP's `Buffer.low_latency_combine` may accept (found by `kernels/capabilities.py`):
   per_block  - Hopper fork: packed_recv_count, comp_signal [E*blocks] int32, block_m, threshold,
-               num_sms (what SGLang 0.5.23 passes on SM90; in no released sgl-deep-ep);
+               num_sms (what the supported SGLang passes on SM90; in no released sgl-deep-ep);
   per_expert - overlap, src_signals [E_local] uint32, src_signal_expect_value
-               (sgl-deep-ep 0.1.2.post1, the version SGLang 0.5.23 pins).
+               (sgl-deep-ep 0.1.2.post1, the version the supported SGLang pins).
 Signal GEMMs: DeepGEMM's masked GEMM with `enable_overlap`/`signal` (per block; in no released
 sgl-deep-gemm), or this plugin's Triton signal GEMM (per expert or per block; needs triton).
 

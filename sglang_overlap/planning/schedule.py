@@ -3,7 +3,8 @@
 A schedule is a list of tasks in the order the CPU issues them. Each task runs on one stream
 ("compute": the SMs' in-order CUDA stream; "comm": data in flight between GPUs), starts when its
 stream is free and its dependencies have finished (or, for a streamed transfer, when a fraction of
-its producer has run), exactly like kernels on CUDA streams. The stage orders follow SGLang 0.5.23:
+its producer has run), exactly like kernels on CUDA streams. The stage orders follow the supported
+SGLang:
 
 - none: attention, gate, shared experts, dispatch, experts, combine - every transfer waited for.
 - sbo: the shared experts run while the dispatch is in flight; the down GEMM, on fewer SMs, runs

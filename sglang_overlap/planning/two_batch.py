@@ -7,8 +7,8 @@ batches (a data-parallel rank with nothing to do) still get two empty children, 
 rank issues the same collectives.
 
 Tokens beyond the planned sequences (e.g. padding past sum(extend_lens)) go to child B, as in
-SGLang 0.5.23's `TboForwardBatchPreparer.prepare_raw`. Each child's `padded_len` rounds its token
-count up to a multiple of the attention-TP size (0 stays 0), as upstream's `tbo_padded_len`.
+the supported SGLang's `TboForwardBatchPreparer.prepare_raw`. Each child's `padded_len` rounds its
+token count up to a multiple of the attention-TP size (0 stays 0), as upstream's `tbo_padded_len`.
 
 Plain Python on ints; no torch, no sglang.
 """

@@ -1,6 +1,6 @@
 """Where a prefill (extend) batch is cut in two, and when one request is cut across both halves.
 
-The sequence-boundary split and the two-chunk trigger follow SGLang 0.5.23
+The sequence-boundary split and the two-chunk trigger follow the supported SGLang
 (`sglang.srt.batch_overlap.two_batch_overlap`: `_split_array_by_balanced_sum`,
 `_split_array_by_cum_less_than_half`, `_is_two_chunk_split_enabled`) exactly, with one deliberate
 difference, kept in `plan_extend_split`: when the half-token cut lands exactly on a sequence

@@ -1,4 +1,4 @@
-"""Glue to SGLang 0.5.23: the only package that imports sglang.
+"""Glue to SGLang (the release `compat.SUPPORTED_SGLANG`): the only package that imports sglang.
 
 `upstream/`: one file per upstream module the plugin hooks, named after that module's path
 (`upstream/token_dispatcher_deepep.py` hooks `sglang.srt.layers.moe.token_dispatcher.deepep`);

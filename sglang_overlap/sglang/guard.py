@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_overlap.compat import SUPPORTED_SGLANG
 from sglang_overlap.modes import Feature
-
-SUPPORTED_SGLANG = ("0.5.23",)
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class GuardResult:
         return self.mismatch is None
 
     def message(self) -> str:
-        return (f"sglang-overlap supports sglang {', '.join(SUPPORTED_SGLANG)}; installed: "
+        return (f"sglang-overlap supports sglang {SUPPORTED_SGLANG}; installed: "
                 f"sglang {self.installed}: {self.mismatch}")
 
 
@@ -182,7 +181,7 @@ def check(pins: Iterable[tuple[str, str]], version: str | None = None) -> GuardR
     version = version if version is not None else installed_version()
     if version is None:
         return GuardResult(None, "sglang is not installed")
-    if version not in SUPPORTED_SGLANG:
+    if version != SUPPORTED_SGLANG:
         return GuardResult(version, "this version is not supported")
     root = _sglang_dir()
     if root is None:

@@ -1,6 +1,6 @@
 """The SBO path this process serves, decided once from what the installed kernels accept.
 
-SGLang 0.5.23 refuses --enable-single-batch-overlap on SM90, because its Hopper path calls a
+The supported SGLang refuses --enable-single-batch-overlap on SM90, because its Hopper path calls a
 DeepGEMM masked GEMM with `enable_overlap`/`signal` and a DeepEP combine with the per-block
 arguments, neither of which any released wheel accepts. The plugin keeps upstream's SBO schedule
 (`DeepseekV2MoE.forward_deepep`: shared expert between dispatch send and receive; down GEMM

@@ -57,8 +57,8 @@ def resolve_prior(s: OverlapSettings, model: ModelProfile, deploy: Deployment, *
     except ProfileError:
         why = f"{FLAG} auto: no shipped profile for {device_name!r}"
         return FlatPrior(enabled, f"no profile for {device_name}"), (
-            f"{why}; measurements alone decide (pass {FLAG} with a profile JSON from "
-            "benchmarks/calibrate.py for a cost-model prior)")
+            f"{why}; measurements alone decide (pass {FLAG} with a profile JSON from the "
+            "source repository's calibrate.py for a cost-model prior)")
     return CostModelPrior(model, hw, deploy, enabled), (
         f"{FLAG} auto: device {device_name!r} -> cost model on {hw.name}")
 

@@ -1,10 +1,11 @@
 """Tests for planning/cost_model.py, stage_costs.py and schedule.py.
 
-Public results the model must reproduce (sources in the cost_model docstring):
+Public results the model must reproduce (sources and the residual error per phase:
+docs/planning.md, "How close the model is"):
 - SGLang PR #9660: DeepSeek-V3 decode, 2 x 8 H20, DP16 + EP16, input 4096, 32 seqs/GPU:
   SBO +6.7% output throughput (6667.06 -> 7111.38 tok/s), mean ITL 73.11 -> 67.35 ms.
-- Same PR: on H20 decode, TBO loses at small batches (block_m 64 padding); reported as -27% at
-  32 tokens/GPU in the project brief.
+- Same PR: on H20 decode, TBO loses at small batches (block_m 64 padding); the model predicts
+  about -34% at 32 sequences/GPU.
 """
 
 from __future__ import annotations

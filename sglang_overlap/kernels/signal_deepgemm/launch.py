@@ -165,11 +165,41 @@ def masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                        b_scale: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor, *,
                        config: DgSignalConfig, num_sms: int, signal: torch.Tensor | None = None,
                        layout: SboLayout | None = None) -> None:
-    """out[e, :masked_m[e]] = a[e] @ b[e]^T (fp8, 1x128 / 128x128 fp32 scales), DeepGEMM's SM90
-    kernel on `num_sms` SMs (a persistent grid: the rest stay free for the combine send). With
-    `signal` (zeroed, `signals.new_signal(layout)`), every unit reaches
-    `layout.expect_value` exactly once, after the rows it covers are in memory. Rows past
-    masked_m inside a written block hold garbage (as with DeepGEMM); later blocks are untouched.
+    """DeepGEMM's SM90 fp8 masked grouped GEMM with the signal patch: `out[e, :masked_m[e]] =
+    a[e, :masked_m[e]] @ b[e]^T`, on a persistent grid of `num_sms` CTAs (the other SMs stay
+    free for the combine send), launched on the current torch stream; CUDA graphs capture it.
+    The kernel is built for the installed deep_gemm release and loaded once per shape and
+    process (`load`).
+
+    Arguments:
+        a: `torch.Tensor` `[E, C, K]` `torch.float8_e4m3fn`, contiguous, on a CUDA device;
+            C a multiple of `config.block_m`, K a multiple of 128.
+        a_scale: `torch.Tensor` `[E, C, K / 128]` `torch.float32`, one scale per row per 128
+            channels of K; any strides (copied into DeepGEMM's MN-major TMA-aligned layout
+            unless already in it, see `mn_major_scales`).
+        b: `torch.Tensor` `[E, N, K]` `torch.float8_e4m3fn`, contiguous; N a multiple of 16.
+        b_scale: `torch.Tensor` `[E, ceil(N / 128), K / 128]` `torch.float32`, contiguous, one
+            scale per 128 x 128 block.
+        out: `torch.Tensor` `[E, C, N]` `torch.bfloat16`, contiguous, written in place. Rows
+            past masked_m[e] inside a written `block_m` block hold garbage (as with DeepGEMM);
+            blocks wholly past masked_m[e] are untouched.
+        masked_m: `torch.Tensor` `[E]` `torch.int32`: valid rows per expert, each <= C.
+        config: the tile (block_m, block_n, stages, TMA multicast, signal timing);
+            `config.check_launch(N, num_sms)` must pass.
+        num_sms: CTAs of the persistent grid (>= 1; even with TMA multicast).
+        signal: None (no signals), or `torch.Tensor` of `layout.signal_shape` on a's device,
+            zeroed (`signals.new_signal(layout)`): `[E * ceil(C / layout.block_m)]` int32 per
+            row block (`layout.block_m` divides `config.block_m`) or `[E]` uint32 per expert.
+            Every unit reaches `layout.expect_value` exactly once, after the rows it covers are
+            in global memory (a gpu-scope release); the units of blocks past masked_m are
+            credited at start.
+        layout: the `SboLayout` of `signal` (given together with it): E and C as above, the
+            units of this config's tiles (`layout_mode`).
+
+    Raises:
+        ValueError: operands whose shape, dtype, contiguity or device is off, or a layout that
+            does not count this config's tiles (the message names which).
+        DgSignalError: the kernel cannot be built or loaded here (no nvcc, a driver error).
     """
     import torch
 

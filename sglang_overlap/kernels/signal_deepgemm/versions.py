@@ -42,7 +42,7 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     # kernel template ends `cd_dtype_t, epilogue_type_t`
     Release("0.1.4.post1", "8667552aeb0f56be360bf71bcaeacd1d252cfc0cd12a7c555ae747e68bb64e8d",
             (_IDENTITY,)),
-    # `cd_dtype_t, epilogue_op_t, uint32_t SF_GRAN = 128` (sglang 0.5.23 installs this one)
+    # `cd_dtype_t, epilogue_op_t, uint32_t SF_GRAN = 128` (the supported sglang's pin)
     Release("0.2.3.post2", "f07c18a72de0633d2e1844b03f8b04038ecbed70a919a5ce6a1b95111a56bd20",
             (_IDENTITY, "128")),
     # `cd_dtype_t, uint32_t SF_GRAN = 128` (no epilogue type)

@@ -9,43 +9,14 @@ MoE layer, and adds the dense layers and the LM head:
     throughput per GPU = tokens produced per step / step;   gain(mode) = step(none) / step(mode) - 1
 
 Which modes apply: decode runs none, SBO and TBO (two-chunk only splits prefill); prefill runs
-none, TBO and two-chunk (SGLang 0.5.23's SBO needs the low-latency dispatch layout, so decode only;
-TBO and two-chunk differ only when the sequence boundary is unbalanced).
+none, TBO and two-chunk (SBO needs the low-latency dispatch layout, so decode only; TBO and
+two-chunk differ only when the sequence boundary is unbalanced).
 
-Validated against public results (tests/planning/test_cost_model.py checks each):
-- SGLang PR #9660 (Single Batch Overlap), DeepSeek-V3 decode on 2 x 8 H20, DP16 + EP16, input 4096,
-  32 sequences per GPU: SBO +6.7% output throughput (6667 -> 7111 tok/s; mean ITL 73.11 -> 67.35
-  ms). The model predicts the gain within 3 points and the step time within 10%.
-- The same PR's motivation: on H20 decode, TBO only pays at larger batches (64, 128 per GPU) because
-  each half pads the expert GEMMs to block_m 64. The model predicts a TBO loss at 32 sequences per
-  GPU (about -34%; the project brief quotes -27%, a figure whose source we could not find).
-  The model has TBO turning positive only near 130-200 sequences per GPU on H20 with a 400 Gb/s NIC
-  per GPU (the PR says 64-128 on its cluster): it is pessimistic about TBO on H20.
-- Prefill, recalibrated against LMSYS "Deploying DeepSeek with PD Disaggregation and Large-scale
-  EP on 96 H100 GPUs" (2025-05-05): 4 prefill nodes (EP32, DP attention, TBO) serve 57,674 /
-  54,543 / 50,302 input tokens/s per node at 1K / 2K / 4K-token prompts, and TBO raises prefill
-  throughput by 27-35%. Two prefill-only parameters of the hardware profile carry the fit
-  (`profiles.py`): achieved prefill compute is 1.5x the roofline (the efficiencies were fitted on
-  decode-shaped masked GEMMs), and 20% of each prefill all-to-all stays exposed under TBO
-  (DeepEP normal mode synchronises the CPU on the received-token counts). 16K tokens per GPU
-  (DeepSeek's published prefill profile: EP32, 4K prompts, 16K tokens per GPU, two micro-batches).
+Prefill uses two prefill-only parameters of the hardware profile (`profiles.py`): achieved
+prefill compute as a multiple of the roofline estimate, and the share of each prefill
+all-to-all left exposed under TBO. Predictions are estimates for ranking modes, not
+measurements: a deployment unlike the ones the profiles were fitted on is an extrapolation.
 
-Residual error per phase (tests/planning/test_cost_model.py checks each row):
-
-    phase    published (source)                          predicted              error
-    prefill  57,674 tok/s/node, 1K prompts (LMSYS)       57,088                 -1.0%
-    prefill  54,543 tok/s/node, 2K prompts (LMSYS)       54,528                 -0.0%
-    prefill  50,302 tok/s/node, 4K prompts (LMSYS)       50,042                 -0.5%
-    prefill  TBO gain +27..+35% (LMSYS)                  +28.0 / +30.5 / +32.0%  inside
-    decode   SBO +6.7%, 32 seqs/GPU, H20 (PR #9660)      +6.6%                  -0.1 pt
-    decode   ITL 73.11 ms with none (PR #9660)           79.7 ms step           +9%
-    decode   TBO loses at 32 seqs/GPU on H20 (PR #9660)  -34%                   sign right
-    decode   22.3k output tok/s/node, EP72, 2K (LMSYS)   28.9k (TBO, 256 seqs)  +30% (not refitted)
-
-Two parameters fitted on four prefill numbers of one cluster: other GPUs reuse them (like the
-efficiencies), and prefill on a machine unlike LMSYS's H100 + 400 Gb/s NICs is an extrapolation;
-decode keeps its +30% optimism. DeepSeek's own H800 figures (73.7k input tok/s per prefill node,
-14.8k output per decode node) count prefix-cache hits as served tokens and are not comparable.
 Plain Python; mypy --strict.
 """
 
@@ -142,7 +113,7 @@ def _sbo_units(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
 
 def _applicability(mode: Mode, deploy: Deployment) -> str:
     if mode == Mode.SBO and deploy.phase != Phase.DECODE:
-        return "SBO needs the low-latency dispatch (decode only in SGLang 0.5.23)"
+        return "SBO needs the low-latency dispatch (decode only in the supported SGLang)"
     if mode == Mode.TWO_CHUNK and deploy.phase != Phase.PREFILL:
         return "two-chunk splits prefill batches only"
     if mode in (Mode.TBO, Mode.SBO, Mode.TWO_CHUNK) and deploy.ep_size <= 1:

@@ -5,7 +5,7 @@
 routed / shared experts and their intermediate size, top-k, how many layers are dense, the
 vocabulary, and the attention (MLA with its LoRA ranks and head dims, or GQA with its heads).
 
-Understood spellings (checked against the published configs in tests/planning):
+Understood spellings (checked against published configs):
 - DeepSeek-V2/V3/R1 (`n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`,
   `moe_layer_freq`, `kv_lora_rank`, `q_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
   `v_head_dim`);

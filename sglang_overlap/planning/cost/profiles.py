@@ -6,19 +6,14 @@ with the same keys; it may name a shipped profile as `"base"` and override only 
 
     {"base": "H20", "rdma_gbps": 25.0, "source": "our cluster: 2x200 Gb/s NICs per 2 GPUs"}
 
-Where the numbers come from (each file's "source" key says it again):
-- Peak rates (SMs, dense fp8/bf16 TFLOP/s, HBM, NVLink, NIC) are vendor datasheet values.
-- Efficiencies (the fraction of a peak a real kernel reaches) and fixed kernel times are fitted on
-  one H200 SXM (sgl-deep-gemm 0.1.4.post1, torch 2.11.0+cu130, CUDA 13.0: DeepGEMM fp8 masked
-  grouped GEMMs at DeepSeek-V3 down-proj shapes, `benchmarks/calibrate.py`'s fit) and reused for
-  the other GPUs: those GPUs' times are the H200-measured efficiencies scaled by their own
-  datasheet rates, not measurements of their own.
-- Network efficiencies and latencies come from DeepEP's published low-latency numbers (H800, CX7
-  400 Gb/s); `benchmarks/calibrate.py` measures them on a machine with more than one GPU.
-- Prefill calibration (optional keys, defaults below): `prefill_compute_scale` (1.5: achieved
-  prefill compute over its roofline estimate) and `prefill_a2a_exposed` (0.2: share of a prefill
-  all-to-all that TBO cannot hide), fitted to LMSYS's 96 x H100 DeepSeek-V3 prefill results; the
-  residual error per phase is tabulated in `cost_model.py`.
+Each file's "source" key says where its numbers come from. Peak rates (SMs, dense fp8/bf16
+TFLOP/s, HBM, NVLink, NIC) are datasheet values; efficiencies (the fraction of a peak a real
+kernel reaches) and fixed kernel times are fitted by `stage_costs.grouped_gemm_us` on DeepGEMM
+fp8 masked grouped GEMMs of one GPU and scaled to the others by their datasheet rates; network
+efficiencies and latencies are DeepEP's published low-latency figures unless measured. Prefill
+calibration (optional keys, defaults below): `prefill_compute_scale` (achieved prefill compute
+over its roofline estimate) and `prefill_a2a_exposed` (share of a prefill all-to-all that TBO
+cannot hide).
 
 Plain Python (no torch, no sglang); mypy --strict.
 """
@@ -250,7 +245,7 @@ def gpu_name_from_device(device_name: str) -> str:
             return name
     raise ProfileError(f"no hardware profile for device {device_name!r}; pass "
                        f"--overlap-hardware-profile with one of {', '.join(GPU_NAMES)} or a "
-                       "profile written by benchmarks/calibrate.py")
+                       "profile JSON file (the source repository's calibrate.py writes one)")
 
 
 def resolve_hardware(spec: str, device_name: str | None = None) -> HardwareProfile:

@@ -27,7 +27,8 @@ def grouped_gemm_us(hw: HardwareProfile, num_groups: int, m: float, n: int, k: i
     """One fp8 grouped GEMM: `num_groups` problems of m x n x k (m may be a fractional mean).
 
     Rows pad to block_m per group; `sms` < num_sms slows the compute-bound part proportionally.
-    `benchmarks/calibrate.py` fits hw's efficiencies and fixed time with this very function.
+    hw's efficiencies and fixed time are fitted with this very function, so a profile's numbers
+    mean what this function makes of them.
     """
     bm = block_m or hw.block_m
     rows = num_groups * math.ceil(m / bm) * bm if m > 0 else 0

@@ -88,7 +88,7 @@ def runner_modes(runner: Any) -> tuple[Mode, ...]:
 
 
 # Decode attention backends (and their subclasses) that rebuild per-batch-size state at each
-# capture instead of writing buffers allocated once (SGLang 0.5.23: flashinfer_mla_backend.py
+# capture instead of writing buffers allocated once (the supported SGLang: flashinfer_mla_backend.py
 # `init_forward_metadata_out_graph` makes a new wrapper per capture; trtllm_mla_backend.py a new
 # `seq_lens_k`; CuteDslMLABackend subclasses TRTLLMMLABackend, which subclasses this one)
 PER_CAPTURE_STATE = ("FlashInferMLAAttnBackend",)
@@ -126,7 +126,7 @@ GIB = 1 << 30
 def memory_floor() -> int:
     """Free GPU bytes that must remain after a graph set: SGLang's own activation reserve when it
     chooses --mem-fraction-static (512 MB + 1.5 MB per --chunked-prefill-size token, at least
-    2048 tokens; SGLang 0.5.23 arg_groups/memory_hook.py), so a prefill after capture still fits."""
+    2048 tokens; SGLang's arg_groups/memory_hook.py), so a prefill after capture still fits."""
     from sglang.srt.runtime_context import get_schedule
 
     chunk = int(get_schedule().chunked_prefill_size or 0)

@@ -1,6 +1,7 @@
 """Hook on `sglang.srt.layers.moe.ep_moe.layer`: with `--moe-a2a-backend torch_a2a` the local
-experts run in torch (`torch_a2a.py`), because SGLang 0.5.23 has no CPU or unquantized expert path
-for DeepEP's layouts; with SBO they mark the kernels' signal units for combine-send to take."""
+experts run in torch (`torch_a2a.py`), because the supported SGLang has no CPU or unquantized
+expert path for DeepEP's layouts; with SBO they mark the kernels' signal units for combine-send
+to take."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Hook on `sglang.srt.batch_overlap.operations`: mark the TBO step while upstream runs it.
 
 Upstream's `execute_overlapped_operations` runs the two children's stages in the order of
-`planning.interleave.interleaved_order` (tests/sglang/test_operations.py checks that order against
-upstream's source), so the plugin keeps upstream's executor and only wraps it: while it runs,
+`planning.interleave.interleaved_order` (the order checked against upstream's source), so the plugin
+keeps upstream's executor and only wraps it: while it runs,
 `state.in_tbo()` is true (SBO does not apply inside TBO, as upstream), and the step is counted.
 """
 

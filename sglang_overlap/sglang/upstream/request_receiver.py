@@ -9,8 +9,8 @@ ranks, once --overlap-gating-sync-steps selector calls have passed, preferably t
 carries requests (`SelectorRuntime.outgoing`); on every rank the share is taken out of the received
 list (so the scheduler never sees it) and merged into the selector, at the same broadcast on every
 rank. The broadcast runs anyway; on a list that carries requests a share adds a few pickled
-integers, on an empty one (a size message only) a second message: measured on the CPU kit, about 0.9
-ms of waiting for the other rank, which is why shares prefer lists that carry requests. No
+integers, on an empty one (a size message only) a second message (on CPU about 0.9 ms of waiting
+for the other rank), which is why shares prefer lists that carry requests. No
 collective.
 """
 

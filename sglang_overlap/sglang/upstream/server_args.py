@@ -1,7 +1,7 @@
 """Hooks on `sglang.srt.server_args`: the plugin's flags on SGLang's parser, carried to every
 process, and the resolution step that lets `--moe-a2a-backend torch_a2a` take DeepEP's paths.
 
-SGLang 0.5.23's ServerArgs is a msgspec Struct: a plugin cannot add fields. So:
+The supported SGLang's ServerArgs is a msgspec Struct: a plugin cannot add fields. So:
   * `ServerArgs.add_cli_args` (AFTER) adds the plugin's flags to SGLang's parser;
   * `ServerArgs.from_cli_args` (AFTER) builds an `OverlapSettings` from the parsed namespace,
     validates it against the server, and stores it as the bookkeeping attribute

@@ -23,8 +23,8 @@ DEEPEP = "sglang.srt.layers.moe.token_dispatcher.deepep"
 DISPATCHER_INIT = f"{DEEPEP}.DeepEPDispatcher.__init__"
 LL_COMBINE_CORE = f"{DEEPEP}._DeepEPDispatcherImplLowLatency._combine_core"
 
-# What upstream passes to low_latency_combine besides the overlap kwargs (read back from the
-# pinned `_combine_core` by tests/sglang/test_deepep_dispatcher.py).
+# What upstream passes to low_latency_combine besides the overlap kwargs (the pinned
+# `_combine_core`'s own call, checked against its source).
 _BASE_KWARGS = frozenset({"x", "topk_idx", "topk_weights", "handle", "async_finish",
                           "return_recv_hook"})
 

@@ -1,7 +1,7 @@
 """Hooks on `sglang.srt.batch_overlap.two_batch_overlap`: TBO and two-chunk decisions, taken by
 `sglang_overlap.planning`.
 
-SGLang 0.5.23 decides where a batch is split in three free functions of
+The supported SGLang decides where a batch is split in three free functions of
 `sglang.srt.batch_overlap.two_batch_overlap`. With --enable-two-batch-overlap the plugin answers
 each (AROUND, upstream's is not called) from one plan of `planning.plan_two_batch`, so the split
 index, the token index and the two-chunk flag can never disagree; otherwise it hands back to
