@@ -3,7 +3,10 @@
 Read from the source (every import statement, those inside functions too), so a lazy import that
 breaks a rule is caught as well:
 
-- planning/: pure Python, imports nothing of the package but planning/ (no torch, no sglang);
+- modes.py: the vocabulary (modes, phases, the step's decision): imports nothing of the package,
+  and every layer may import it;
+- planning/: pure Python, imports nothing of the package but planning/ and modes (no torch, no
+  sglang);
 - kernels/ (what the server runs): never the glue, the commands or sglang;
 - sglang/ (the glue): the only importer of sglang;
 - nothing in the package imports `tests` or `benchmarks` (what only they run: the oracle
@@ -73,13 +76,15 @@ def _violations(module: str, imported: list[str]) -> list[str]:
             bad.append(f"{module} imports {name}: only sglang_overlap.sglang imports sglang")
         if served and top in NOT_SERVED:
             bad.append(f"{module} imports {name}: the package never imports {top}/")
-        if layer == "planning" and top in HEAVY:
+        if layer in ("planning", "modes") and top in HEAVY:
             bad.append(f"{module} imports {name}: planning/ is pure Python")
         if top != "sglang_overlap" or "." not in name:
             continue
         target = name.split(".")[1]
-        if layer == "planning" and target != "planning":
-            bad.append(f"{module} imports {name}: planning/ imports only planning/")
+        if layer == "planning" and target not in ("planning", "modes"):
+            bad.append(f"{module} imports {name}: planning/ imports only planning/ and modes")
+        if layer == "modes":
+            bad.append(f"{module} imports {name}: modes.py imports nothing of the package")
         inner = name.partition(".")[2]  # "kernels.layouts.pack"
         for part in sorted(FORBIDDEN.get(layer, set())):
             if inner == part or inner.startswith(part + "."):
@@ -102,6 +107,9 @@ def test_layers_import_downward_only(module: str) -> None:
 @pytest.mark.parametrize(("module", "imported"), [
     ("sglang_overlap.planning.selector", ["torch"]),
     ("sglang_overlap.planning.selector", ["sglang_overlap.kernels.fp8"]),
+    ("sglang_overlap.planning.selector", ["sglang_overlap.settings"]),
+    ("sglang_overlap.modes", ["sglang_overlap.planning.step_table"]),
+    ("sglang_overlap.modes", ["torch"]),
     ("sglang_overlap.kernels.down_gemm", ["sglang_overlap.sglang.state"]),
     ("sglang_overlap.kernels.down_gemm", ["tests.oracle.experts"]),
     ("sglang_overlap.sglang.sbo_decision", ["tests.oracle.router"]),
