@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_overlap.modes import PHASES, Mode, Phase
-from sglang_overlap.planning.cost.cost_model import MODES, Prediction, predict
+from sglang_overlap.modes import PHASES, PLAN_MODES, Mode, Phase
+from sglang_overlap.planning.cost.cost_model import Prediction, predict
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.profiles import (
     GPU_NAMES,
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(args.model)
         hw = load_hardware(args.gpu)
         deploy = deployment(args, model)
-        pred = predict(model, hw, deploy, MODES, timelines=bool(args.plot))
+        pred = predict(model, hw, deploy, PLAN_MODES, timelines=bool(args.plot))
     except (ProfileError, ValueError) as exc:
         print(f"sglang-overlap plan: error: {exc}", file=sys.stderr)
         return 2
