@@ -286,9 +286,11 @@ if [ "$MODE" = padded ] || [ "$MODE" = all ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_signal_gemm.txt" | head -20
 fi
 if [ "$MODE" = dgsignal ] || [ "$MODE" = all ]; then
+  # the fp64 reference of the largest case takes ~36 GiB per worker: 6 fit an H200, 2 an H100
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  DG_WORKERS=${PYTEST_WORKERS:-$(( ${mib:-81000} >= 120000 ? 6 : 2 ))}
   SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-12} python3 -m pytest -q \
-    -n ${PYTEST_WORKERS:-6} \
-    -p no:cacheprovider tests/gpu/test_deepgemm_signal.py > "$OUT/pytest_dg_signal.txt" 2>&1 || rc=1
+    -n "$DG_WORKERS" -p no:cacheprovider tests/gpu/test_deepgemm_signal.py > "$OUT/pytest_dg_signal.txt" 2>&1 || rc=1
   echo "pytest (patched DeepGEMM): $(tail -1 "$OUT/pytest_dg_signal.txt")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_dg_signal.txt" | head -20
   DG_PRINT_CONFIGS=1 python3 benchmarks/bench_dg_signal.py --json "$OUT/dg_signal.json" \
