@@ -205,8 +205,9 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
     info = _sync_info(ForwardMode.DECODE, 8, tbo_split=None)  # TBO cannot run: SBO next best
     upstream_dp_attn._update_gather_batch(batch, info, True)
     assert state.take_handed_over().mode == "sbo"
+    upstream_dp_attn._update_gather_batch(batch, info, True)  # decided, its forward never ran
     upstream_dp_attn._update_gather_batch(batch, info, True, skip_global_metadata=True)
-    assert state.take_handed_over() is None, "no metadata: the step is left undecided"
+    assert state.take_handed_over() is None, "no metadata: undecided, not the stale decision"
     lines = [r.getMessage() for r in caplog.records if "sglang-overlap gate:" in r.getMessage()]
     assert [line.split(" (")[0] for line in lines] == [
         "sglang-overlap gate: decode -> tbo", "sglang-overlap gate: prefill -> none",
@@ -214,7 +215,7 @@ def test_update_gather_batch_applies_the_gates_choice(auto_settings, caplog) -> 
     assert "step 1 decode busiest=8" in lines[0]
     after = stats.snapshot()
     for series, want in (("decisions", {("decode", "tbo"): 1, ("prefill", "none"): 1,
-                                        ("decode", "sbo"): 1}),
+                                        ("decode", "sbo"): 2}),
                          ("decision_changes", {("decode",): 2, ("prefill",): 1})):
         grown = {k: v - before[series].get(k, 0) for k, v in after[series].items()
                  if v != before[series].get(k, 0)}
