@@ -91,9 +91,9 @@ class SelectorRuntime:
         return decision
 
     def timed_cell(self, decision: StepDecision) -> int | None:
-        """The cell a forward running `decision` is timed into: the selector's cell on a rank whose
-        times are shared, else None (not timed)."""
-        return decision.cell if self.source and decision.source == "selector" else None
+        """The cell a forward running `decision` is timed into: its cell (only the selector's
+        decisions have one) on a rank whose times are shared, else None (not timed)."""
+        return decision.cell if self.source else None
 
     def record(self, cell: int, us: float) -> None:
         """One timed step. The first step of each (phase, mode) in this process is dropped: it

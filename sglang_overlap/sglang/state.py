@@ -29,7 +29,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from sglang_overlap.modes import Mode, StepDecision
+from sglang_overlap.modes import Mode, Phase, StepDecision, upstream_rule
 from sglang_overlap.planning.sbo_layout import HOPPER_NUM_SMS, default_comm_num_sms
 from sglang_overlap.settings import OverlapSettings, SettingsError, add_arguments
 
@@ -150,6 +150,20 @@ def decision() -> StepDecision | None:
     """The decision of the step running now (None: outside a step of the served model, e.g. a
     draft model's forward or a graph captured without per-mode sets)."""
     return _current[0]
+
+
+def batch_phase(forward_mode: Any) -> Phase:
+    """The phase of a batch SGLang runs (its `ForwardMode`): prefill for an extend that is not a
+    target-verify, else decode."""
+    return Phase.PREFILL if forward_mode.is_extend() and not forward_mode.is_target_verify() \
+        else Phase.DECODE
+
+
+def sglang_rule(forward_batch: Any) -> StepDecision:
+    """The decision of a step no selector decided: SGLang's own rule (`modes.upstream_rule`) for
+    the batch it built (split: TBO)."""
+    return upstream_rule(batch_phase(forward_batch.forward_mode), bool(forward_batch.can_run_tbo),
+                         settings().enable_single_batch_overlap)
 
 
 def sbo_active() -> bool:

@@ -74,7 +74,7 @@ NEW = [
            "    if False:\n        return orig(self, forward_batch, *args, **kwargs)\n"
            "    decision = step_decision"),
     Mutant("M11", "a follower times its steps", RT,
-           "decision.cell if self.source and", "decision.cell if True and"),
+           "return decision.cell if self.source else None", "return decision.cell"),
     Mutant("M12", "an undecided step keeps the last decision", D,
            "        state.hand_over(None)  # undecided", "        pass  # undecided"),
     Mutant("M13", "a decision the batch contradicts runs anyway", R,

@@ -17,7 +17,7 @@ graph modes (at most 3); --cuda-graph-max-bs bounds both, as upstream.
 * `can_run_graph` / `execute` (around): the step's decision picks the set; the runner's TBO switch
   follows it, so a step not in TBO replays without the TBO split. SGLang asking outside a step of
   the served model (a speculative worker checking the target's runner) gets SGLang's own rule for
-  that batch (`modes.upstream_rule`).
+  that batch (`state.sglang_rule`).
 
 A decode step in the captured range that runs eager anyway is counted
 (`stats.add("eager_fallbacks", mode, reason)`) and logged once per (mode, reason).
@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.modes import GRAPH_ORDER, Feature, Mode, Phase, StepDecision, upstream_rule
+from sglang_overlap.modes import GRAPH_ORDER, Feature, Mode, Phase, StepDecision
 from sglang_overlap.settings import OverlapSettings, SettingsError
 from sglang_overlap.sglang import state
 from sglang_overlap.sglang.hooks import HookSpec
@@ -163,8 +163,7 @@ def step_graph_decision(forward_batch: Any) -> StepDecision:
     d = state.decision()
     if d is not None:
         return d
-    return upstream_rule(Phase.DECODE, bool(forward_batch.can_run_tbo),
-                         state.settings().enable_single_batch_overlap)
+    return state.sglang_rule(forward_batch)
 
 
 @contextlib.contextmanager

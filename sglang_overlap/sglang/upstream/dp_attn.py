@@ -43,7 +43,7 @@ def _prefill_modes() -> set[int]:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         _PREFILL_MODES.update(m.value for m in ForwardMode
-                              if m.is_extend() and not m.is_target_verify())
+                              if state.batch_phase(m) == Phase.PREFILL)
     return _PREFILL_MODES
 
 

@@ -8,7 +8,7 @@ start-up instead of at the first selected step.
 
 `ModelRunner.forward` (AROUND): a forward of the served model is one step. It takes the step's
 decision (`state.take_handed_over`: the mode selector's, or, for a step the selector did not
-decide, `modes.upstream_rule` from the batch SGLang built), checks that SGLang's batch agrees with
+decide, `state.sglang_rule` from the batch SGLang built), checks that SGLang's batch agrees with
 it (split for TBO, unsplit otherwise) and runs the forward inside `state.step(decision)`, where the
 graph runner and the MoE layers read it. A selector decision is timed into its cell: wall time on
 CPU (where the forward is synchronous), two CUDA events on GPU, read later only once completed (no
@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from sglang_overlap import stats
-from sglang_overlap.modes import Feature, Mode, Phase, StepDecision, upstream_rule
+from sglang_overlap.modes import Feature, Mode, StepDecision
 from sglang_overlap.sglang import selector_setup, state
 from sglang_overlap.sglang.hooks import HookSpec
 
@@ -49,21 +49,14 @@ def timed_forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs
     return out
 
 
-def batch_phase(forward_mode: Any) -> Phase:
-    """The phase of a batch SGLang runs: prefill for an extend (not target-verify), else decode."""
-    return Phase.PREFILL if forward_mode.is_extend() and not forward_mode.is_target_verify() \
-        else Phase.DECODE
-
-
 def step_decision(forward_batch: Any, handed: StepDecision | None) -> StepDecision:
     """The decision this forward runs: `handed` (the selector's), checked against the batch SGLang
     built, or SGLang's own rule where no selector decided the step. Raises RuntimeError when the
     batch's split disagrees with the decision (SGLang changed how it carries the TBO split): the
     graph set, the SBO switch and the counters would then disagree with what runs."""
-    split = bool(forward_batch.can_run_tbo)
     if handed is None:
-        return upstream_rule(batch_phase(forward_batch.forward_mode), split,
-                             state.settings().enable_single_batch_overlap)
+        return state.sglang_rule(forward_batch)
+    split = bool(forward_batch.can_run_tbo)
     if split != (handed.mode == Mode.TBO) and not forward_batch.forward_mode.is_idle():
         raise RuntimeError(
             f"sglang-overlap: step {handed.step} was decided {handed.mode} but SGLang "
