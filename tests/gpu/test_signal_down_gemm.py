@@ -107,8 +107,9 @@ def fp32_reference(case, valid) -> torch.Tensor:
     for g in range(case.a.shape[0]):
         m = int(case.masked_m[g])
         if m:
-            a = fp8.dequant_per_token_group(case.a[g:g + 1, :m], case.a_s[g:g + 1, :m])[0]
-            b = fp8.dequant_per_block(case.b[g:g + 1], case.b_s[g:g + 1])[0]
+            a = fp8.dequant_per_token_group(case.a[g:g + 1, :m], case.a_s[g:g + 1, :m],
+                                             torch.float32)[0]
+            b = fp8.dequant_per_block(case.b[g:g + 1], case.b_s[g:g + 1], torch.float32)[0]
             out[g, :m] = a @ b.T
     return out
 
