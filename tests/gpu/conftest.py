@@ -16,13 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-if os.environ.get("SGLANG_OVERLAP_TORCH_BRIDGE"):
-    # deep_gemm 0.2.x's _C.so on torch 2.11: the bridge goes in after torch, before deep_gemm
-    # (benchmarks/gpukit; loaded only where torch lacks its symbols)
-    from benchmarks.gpukit.bridge import load_if_needed
-
-    print(load_if_needed())
-
 N_MAX = 256  # num_max_dispatch_tokens_per_rank of the shared buffer: T <= 256 per rank
 HIDDEN = 7168
 E_LOCAL_MAX = 32
