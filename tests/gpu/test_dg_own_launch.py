@@ -4,10 +4,11 @@
 sgl-deep-gemm 0.2.x pins) is the reference users compare against; run once per release
 (benchmarks/run_gpu.sh dgown: sgl-deep-gemm 0.2.3.post2 and 0.2.5). DeepSeek-V3 down
 projection (N 7168, K 2048), E 8 / 16 / 32, rows 32 / 64 / 128 / 256 (the benchmark's shapes,
-so DeepGEMM's JIT cache serves both), capacity = rows rounded up to 64, masked_m drawn in [0.7, 1.3] x rows with empty experts.
-Per shape and signal form, through `down_gemm.signal_down_gemm` with the served plan and layout:
-the valid rows within DeepGEMM's own tolerance (calc_diff < 1e-3) of its launch and of the
-dequantised fp32 product, no valid row left NaN, every signal at exactly its final value.
+so DeepGEMM's JIT cache serves both), capacity = rows rounded up to 64, masked_m drawn in
+[0.7, 1.3] x rows with empty experts. Per shape and signal form, through
+`down_gemm.signal_down_gemm` with the served plan and layout: the valid rows within DeepGEMM's
+own tolerance (calc_diff < 1e-3) of its launch and of the dequantised fp32 product, no valid row
+left NaN, every signal at exactly its final value.
 """
 
 from __future__ import annotations
