@@ -135,7 +135,8 @@ def main(argv: list[str]) -> int:
         return status()
     if verb == "assemble":
         return assemble(Path(argv[1]) if len(argv) > 1 else GK / "payload")
-    sys.exit(f"usage: stage.py recv|status|assemble [DEST] (got {verb!r})")
+    print(f"usage: stage.py recv|status|assemble [DEST] (got {verb!r})", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
