@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
-#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
+# Every GPU test and benchmark in one call on the CUDA machine, from the repo root, on the stack
+# users run (torch 2.14.1, NCCL 2.30.7, triton 3.8.0, sgl-deep-ep, sgl-deep-gemm 0.2.3.post2,
+# SGLang 0.5.23), which benchmarks/serve/stage.sh stages there first from the kit
+# benchmarks/serve/build_kit.sh builds here (STACK=image runs on the image's torch 2.11 instead,
+# for what needs no SGLang; nothing else does):
+#   bash benchmarks/run_gpu.sh [gpusuite|sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
+#     gpusuite  the whole tests/gpu suite: the DeepEP tests once per tree (sgl-deep-ep, the
+#           staged antgroup-opt), the rest once; workers sized to the card's memory
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
@@ -13,8 +19,8 @@
 #           down_gemm.signal_down_gemm (tests/gpu/test_signal_down_gemm.py), then the served
 #           producer against each BENCH_RELEASES release's own masked GEMM
 #           (benchmarks/bench_dg_releases.py)
-#     dgown  issue 35: DeepGEMM's own masked launch of sgl-deep-gemm 0.2.3.post2 / 0.2.5 (its _C.so
-#           on torch 2.11 through benchmarks/gpukit's bridge) as the baseline: wheels + bridge,
+#     dgown  DeepGEMM's own masked launch of sgl-deep-gemm 0.2.3.post2 / 0.2.5 (the staged
+#           stack's and GK/dg-0.2.5, both on torch 2.14.1) as the baseline:
 #           DeepGEMM's JIT warm-up, benchmarks/tune_producer.py (writes this GPU's
 #           sglang_overlap/profiles/producer-<GPU>.json, copied to $OUT), the producer's GPU tests
 #           per release (tests/gpu/test_dg_own_launch.py + test_signal_down_gemm.py), then
@@ -55,6 +61,14 @@ MODE=${1:-sbo}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 [ "$MODE" = serve ] && exec bash "$ROOT/benchmarks/serve/run_serve.sh" "$@"
 cd "$ROOT"
+STAGED=0
+if [ -f "${GK:-/tmp/gk}/env.sh" ]; then  # the users' stack, staged by benchmarks/serve/stage.sh
+  # shellcheck disable=SC1091
+  source "${GK:-/tmp/gk}/env.sh"; STAGED=1
+elif [ "${STACK:-}" != image ]; then
+  echo "the users' stack is not staged here: bash benchmarks/serve/stage.sh install (or STACK=image)"
+  exit 2
+fi
 OUT=${OUT:-$ROOT/.gpu-out}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/.whl}; TREES=${DEEPEP_TREES:-$ROOT/.deepep}; CACHE=${GPU_CACHE:-$ROOT/.gpu-cache}
 NPROC=${NPROC:-1}
@@ -64,18 +78,21 @@ install_dg() {  # install_dg VERSION TARGET: that sgl-deep-gemm wheel (+ apache-
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$2" "$WHEELS"/sgl_deep_gemm-"$1"-*.whl $(ls "$WHEELS"/apache_tvm_ffi-*.whl 2>/dev/null)
 }
-if compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null && [ "$MODE" != releases ] \
-    && [ "$MODE" != dgown ]; then
+if [ $STAGED = 0 ] && compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null \
+    && [ "$MODE" != releases ] && [ "$MODE" != dgown ]; then
   install_dg "$DG_VERSION" /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$ROOT:${PYTHONPATH:-}
-mkdir -p "$CACHE/work"
-[ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
-export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
-export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
-export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
-[ -f "$CACHE/sgo.tar.gz" ] && [ "$SGLANG_OVERLAP_CACHE" = "$CACHE/sgo" ] && tar -xzf "$CACHE/sgo.tar.gz" -C "$CACHE"
+if [ $STAGED = 0 ]; then  # the staged env.sh names the JIT caches (the kit's sgo/jit inside)
+  mkdir -p "$CACHE/work"
+  [ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
+  export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
+  export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
+  export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
+  [ -f "$CACHE/sgo.tar.gz" ] && [ "$SGLANG_OVERLAP_CACHE" = "$CACHE/sgo" ] \
+    && tar -xzf "$CACHE/sgo.tar.gz" -C "$CACHE"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
@@ -127,17 +144,21 @@ if [ "$MODE" = dgown ]; then
   rc=0; T0=$SECONDS; rels=${DGOWN_RELEASES:-0.2.3.post2 0.2.5}; tune_rel=${rels%% *}
   at() { echo "[$(date +%T) +$((SECONDS - T0))s] $*"; }
   [ -d /opt/gcc/bin ] && export PATH=/usr/local/cuda/bin:/opt/gcc/bin:$PATH
-  export SGLANG_OVERLAP_TORCH_BRIDGE=/tmp/sgo-bridge/libtorch_bridge.so; mkdir -p /tmp/sgo-bridge
-  python3 benchmarks/gpukit/bridge.py build "$SGLANG_OVERLAP_TORCH_BRIDGE" > "$OUT/bridge.txt" 2>&1 &
-  for v in $rels; do install_dg "$v" "/tmp/dg-$v" & done
+  # each release first on PYTHONPATH: 0.2.3.post2 is the staged stack's own, 0.2.5 in GK/dg-0.2.5
+  for v in $rels; do
+    mkdir -p "/tmp/dg-$v"
+    if [ $STAGED = 1 ]; then
+      [ "$v" = 0.2.5 ] && [ -n "${GK_DG025:-}" ] && ln -sfn "$GK_DG025/deep_gemm" "/tmp/dg-$v/"
+    else
+      install_dg "$v" "/tmp/dg-$v" &
+    fi
+  done
   wait
-  python3 benchmarks/gpukit/bridge.py check >> "$OUT/bridge.txt" 2>&1
-  at "bridge: $(tail -1 "$OUT/bridge.txt")"
   pids=()
   for v in $rels; do  # import check, then DeepGEMM's own JIT for every benchmark/test shape
     ( export PYTHONPATH=/tmp/dg-$v:$ROOT
-      python3 -c "import torch; from benchmarks.gpukit.bridge import load_if_needed as l; print(l())
-import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/import_$v.txt" 2>&1
+      python3 -c "import torch, deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports on torch',
+torch.__version__)" > "$OUT/import_$v.txt" 2>&1
       timeout 150 python3 benchmarks/bench_dg_releases.py --warm-dg --workers 8 \
         ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/warm_$v.log" 2>&1 ) & pids+=($!)
   done
@@ -198,7 +219,13 @@ import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/imp
   exit $rc
 fi
 tree_list=()
+if [ $STAGED = 1 ]; then  # the stack's sgl-deep-ep (GK/stack) and the staged antgroup-opt tree
+  mkdir -p /tmp/gk-trees/sgl-deep-ep
+  tree_list=(/tmp/gk-trees/sgl-deep-ep "$GK_ANT")
+  export DEEPEP_DISABLE_LL_DISPATCH_OPT=1  # antgroup-opt's layered LL dispatch needs 8k ranks
+fi
 for tree in "$TREES"/*/; do
+  [ $STAGED = 1 ] && break
   tree=${tree%/}; [ -d "$tree/deep_ep" ] || continue
   if ! compgen -G "$tree/deep_ep_cpp*.so" >/dev/null; then
     gz=$(ls "$tree"/deep_ep_cpp*.so.gz 2>/dev/null | head -1)
@@ -273,6 +300,30 @@ if [ "$MODE" = graphsets ]; then
     benchmarks/bench_graph_sets.py --json "$OUT/graph_sets.json" ${GRAPH_ARGS:-} 2>&1 \
     | tee "$OUT/graph_sets.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+if [ "$MODE" = gpusuite ]; then
+  # every file of tests/gpu on this stack; the DeepEP tests once per tree. Workers per card:
+  # the fp64 references take ~36 GiB per worker (test_deepgemm_signal), the SBO layer ~40 GiB
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  big=$(( ${mib:-81000} >= 120000 ? 3 : 1 )); many=$(( ${mib:-81000} >= 120000 ? 6 : 2 ))
+  suite() {  # suite NAME [pytest args...]: one pytest run, its last line and failures printed
+    local name=$1; shift
+    timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "$@" \
+      > "$OUT/pytest_$name.txt" 2>&1 || rc=1
+    echo "pytest ($name): $(tail -1 "$OUT/pytest_$name.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.txt" | head -20
+  }
+  export SGLANG_OVERLAP_REQUIRE_DEEPEP=1 SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1
+  export SGLANG_OVERLAP_REQUIRE_DGOWN=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-4}
+  for tree in "${tree_list[@]}"; do
+    PYTHONPATH=$tree:$PYTHONPATH suite "deepep_$(basename "$tree")" \
+      tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py -n "$big"
+  done
+  suite dg_signal tests/gpu/test_deepgemm_signal.py -n "$many"
+  suite rest tests/gpu -n "$many" --ignore=tests/gpu/test_deepep_kernels.py \
+    --ignore=tests/gpu/test_sbo_layer.py --ignore=tests/gpu/test_deepgemm_signal.py
+  for f in "$OUT"/pytest_*.txt; do echo "$(basename "$f" .txt): $(tail -1 "$f")"; done \
+    | tee "$OUT/gpusuite.md"
 fi
 if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
   python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1

@@ -80,7 +80,10 @@ fi
 [ -n "${JIT_CACHE:-}" ] && cp "$JIT_CACHE" "$PAY/jit.tar.gz"
 
 rm -rf "$KIT/parts"; mkdir -p "$KIT/parts"
-tar -C "$PAY" -cf - . | split -b "${PART_MIB}M" -d -a 2 - "$KIT/parts/part-"
+# the wheels first, what changes most (the DeepEP tree's extension, the caches) last: a rebuild
+# that changes only those leaves the earlier parts as they were
+order=$(cd "$PAY" && ls wheels/*.whl; ls *.tar.xz | grep -v deepep; ls deepep-*.tar.xz *.tar.gz 2>/dev/null)
+tar -C "$PAY" -cf - $order | split -b "${PART_MIB}M" -d -a 2 - "$KIT/parts/part-"
 "$PY" - "$KIT" "$PAY" <<'EOF'
 import hashlib, json, sys, time
 from pathlib import Path

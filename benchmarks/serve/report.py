@@ -115,6 +115,10 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
         thr_s = f"{thr:.0f}" + (f" ({thr / bthr:.3f})" if bthr and base is not r else "") \
             if thr else "-"
         cap = " + ".join(f"{c['time_s']:.1f} s / {c['mem_gb']:.2f}" for c in r["capture"]) or "-"
+        sets = (r.get("graphs") or {}).get("captures") or {}
+        if sets:  # graphs captured per set (the probe's labels: "overlap:<mode>", "" = SGLang's)
+            cap += " (" + ", ".join(f"{lab.split(':')[-1] or 'one set'} {n}"
+                                    for lab, n in sorted(sets.items())) + ")"
         dr_ok, dr = decisions_vs_replays(r)
         if r.get("planted"):  # the planted bug must be caught by the check
             dr_ok, dr = not dr_ok, ("caught: " if not dr_ok else "NOT CAUGHT: ") + dr

@@ -7,7 +7,7 @@
 # cache for its shapes in parallel, then start real `sglang serve` processes one after another
 # (serve_suite.py) and print the table (report.py). What a call already did on this machine (the
 # checkpoint, the JIT caches, servers whose records exist) is kept: a second call goes on.
-#   SERVERS=base,plugin,...  MOE_LAYERS=3  DEADLINE_S=560 (stop starting servers after this many
+#   SERVERS=base,plugin,...  MOE_LAYERS=2  DEADLINE_S=560 (stop starting servers after this many
 #   seconds from the script's start)  CONCURRENCY=1,16,64  FRESH=1 (forget earlier records)
 # $OUT gets: serve_table.md, serve_results.json, logs.tar.gz, jit.tar.gz (the JIT caches, for the
 # kit: build_kit.sh JIT_CACHE=...).
@@ -48,7 +48,7 @@ MODEL=/dev/shm/dsv3
 shm=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ -f "$MODEL/config.json" ] || [ "${shm:-0}" -ge 40 ] || MODEL=/tmp/dsv3
 if [ ! -f "$MODEL/config.json" ]; then
-  python3 benchmarks/serve/make_model.py "$MODEL" --moe-layers "${MOE_LAYERS:-3}" 2>&1 | tail -2
+  python3 benchmarks/serve/make_model.py "$MODEL" --moe-layers "${MOE_LAYERS:-2}" 2>&1 | tail -2
 fi
 log "model: $(du -sh "$MODEL" | cut -f1) at $MODEL"
 if [ ! -f "$G/jit/warmed" ]; then  # every GEMM shape in parallel, before any server needs it

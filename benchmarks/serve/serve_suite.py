@@ -69,8 +69,10 @@ PROMPTS = [" ".join(WORDS[(7 * i) % len(WORDS):] + WORDS)[: 40 + 90 * i] for i i
 NEW_TOKENS = 24
 SGLANG_CLI = ("import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
               "sys.exit(main())")
-CAPTURE_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\. "
-                         r"mem usage=([\d.]+) GB\. avail mem=([\d.]+) GB")
+# SGLang 0.5.23's line after each capture (model_runner_components/cuda_graph_setup.py), e.g.
+# "Capture decode cuda graph end. bs=[1, 2, 4], elapsed=3.21 s, mem usage=0.52 GB, avail mem=9.8 GB."
+CAPTURE_END = re.compile(r"Capture (.+?) end\. (?:bs=\[[^\]]*\], )?elapsed=([\d.]+) s, "
+                         r"mem usage=(-?[\d.]+) GB, avail mem=([\d.]+) GB")
 
 
 def common_flags(model: str, port: int, max_bs: int) -> list[str]:
@@ -214,8 +216,8 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         stop(proc)
         subprocess.run(["pkill", "-9", "-f", f"--port {port}"], check=False)
     text = log_path.read_text(errors="replace")
-    rec["capture"] = [{"time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
-                      for a, b, c in CAPTURE_END.findall(text)]
+    rec["capture"] = [{"what": w, "time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
+                      for w, a, b, c in CAPTURE_END.findall(text)]
     rec["plugin_log"] = [ln for ln in text.splitlines() if "sglang-overlap" in ln][:60]
     rec["log_tail"] = text.splitlines()[-25:] if "error" in rec else []
     rec["wall_s"] = time.time() - t0

@@ -71,3 +71,15 @@ def test_metrics_by_label() -> None:
     assert report.metric_counts(r, "sbo_producer_launches", "producer") == {"deepgemm": 7.0}
     text, ok = report.table({"base": rec("base", ids=[1]), "sbo": r}, [])
     assert ok and "| none 4 sbo 15 |" in text and "| deepgemm 7 |" in text
+
+
+def test_capture_line_of_the_supported_sglang() -> None:
+    """The regex against the line SGLang 0.5.23 logs (cuda_graph_setup.py's f-strings)."""
+    from benchmarks.serve.serve_suite import CAPTURE_END
+
+    decode = ("[2026-12-06 21:00:01] Capture decode cuda graph end. bs=[1, 2, 4, 8], "
+              "elapsed=12.34 s, mem usage=1.25 GB, avail mem=9.87 GB.")
+    prefill = "Capture prefill CUDA graph end. elapsed=0.50 s, mem usage=0.10 GB, avail mem=9.7 GB."
+    assert CAPTURE_END.findall(decode) == [("decode cuda graph", "12.34", "1.25", "9.87")]
+    assert CAPTURE_END.findall(prefill) == [("prefill CUDA graph", "0.50", "0.10", "9.7")]
+    assert not CAPTURE_END.findall("Capture cuda graph end. Time elapsed: 1.0 s. mem usage=1 GB")
