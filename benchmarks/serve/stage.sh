@@ -56,6 +56,10 @@ export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:/opt/gcc/bin:\$PATH PY
 export DG_JIT_CACHE_DIR=$G/jit/deep_gemm SGLANG_DG_CACHE_DIR=$G/jit/deep_gemm
 export TRITON_CACHE_DIR=$G/jit/triton SGLANG_OVERLAP_CACHE=$G/jit/sgo DG_JIT_USE_NVRTC=0
 EOF
+  # the image's NVSHMEM 3.4.5 (what torch 2.14.1 and both DeepEPs link): an extension built on
+  # another machine carries that machine's rpath, so name the library folder
+  nvshmem=$(python3 -c "import nvidia.nvshmem as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$nvshmem" ] && echo "export LD_LIBRARY_PATH=$nvshmem\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" >> "$G/env.sh"
   echo "$kit" > "$G/installed"
   at "installed kit $kit: $(du -sh "$S" | cut -f1) stack, $(du -sh "$X" | cut -f1) SGLang"
 fi
@@ -90,7 +94,9 @@ at "sgl-deep-ep one rank: $(tail -1 "$L/deepep_sgl.log")"
 if [ -n "${build:-}" ]; then
   wait "$build" || at "DeepEP antgroup-opt build FAILED: $(tail -3 "$L/deepep_build.log")"
   at "DeepEP antgroup-opt built: $(ls "$A"/deep_ep_cpp*.so 2>/dev/null)"
-  cp "$A"/deep_ep_cpp*.so "$OUT/" 2>/dev/null  # back to the kit: later runs skip the build
+  for so in "$A"/deep_ep_cpp*.so; do  # back to the kit (build_kit.sh DEEPEP_SO=...)
+    [ -f "$so" ] && gzip -c "$so" > "$OUT/$(basename "$so").gz"
+  done
 fi
 DEEPEP_DISABLE_LL_DISPATCH_OPT=1 PYTHONPATH=$A:$PYTHONPATH python3 benchmarks/serve/deepep_check.py \
   --json "$L/deepep_ant.json" > "$L/deepep_ant.log" 2>&1
