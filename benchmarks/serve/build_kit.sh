@@ -82,7 +82,8 @@ fi
 rm -rf "$KIT/parts"; mkdir -p "$KIT/parts"
 # the wheels first, what changes most (the DeepEP tree's extension, the caches) last: a rebuild
 # that changes only those leaves the earlier parts as they were
-order=$(cd "$PAY" && ls wheels/*.whl; ls *.tar.xz | grep -v deepep; ls deepep-*.tar.xz *.tar.gz 2>/dev/null)
+order=$(cd "$PAY" && ls wheels/*.whl; ls *.tar.xz | grep -v deepep; ls deepep-*.tar.xz
+  ls *.tar.gz 2>/dev/null || true)
 tar -C "$PAY" -cf - $order | split -b "${PART_MIB}M" -d -a 2 - "$KIT/parts/part-"
 "$PY" - "$KIT" "$PAY" <<'EOF'
 import hashlib, json, sys, time

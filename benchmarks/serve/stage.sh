@@ -125,7 +125,7 @@ for tree in ("sgl", "ant"):
     rows.append((f"deepep one rank ({tree})", ("ok " if d.get("ok") else "FAIL ") + json.dumps(d)))
 print("| staged stack | |\n|---|---|")
 for a, b in rows:
-    print(f"| {a} | {b} |")
+    print(f"| {a} | {' '.join(str(b).split())[:400]} |")
 json.dump({"versions": v, "kernels": k, "deepep": {t: load(f"deepep_{t}.json") for t in
            ("sgl", "ant")}, "arrivals": arr}, open(L / "stack.json", "w"), indent=1)
 EOF
