@@ -70,7 +70,7 @@ NEW_TOKENS = 24
 SGLANG_CLI = ("import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
               "sys.exit(main())")
 # SGLang 0.5.23's line after each capture (model_runner_components/cuda_graph_setup.py), e.g.
-# "Capture decode cuda graph end. bs=[1, 2, 4], elapsed=3.21 s, mem usage=0.52 GB, avail mem=9.8 GB."
+# "Capture decode cuda graph end. bs=[1, 2], elapsed=3.21 s, mem usage=0.52 GB, avail mem=9.8 GB."
 CAPTURE_END = re.compile(r"Capture (.+?) end\. (?:bs=\[[^\]]*\], )?elapsed=([\d.]+) s, "
                          r"mem usage=(-?[\d.]+) GB, avail mem=([\d.]+) GB")
 
