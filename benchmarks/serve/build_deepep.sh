@@ -15,6 +15,9 @@ export CPLUS_INCLUDE_PATH=$CUDA_HOME/include/cccl${CPLUS_INCLUDE_PATH:+:$CPLUS_I
 # nvidia-*-cu13 wheels beside torch (EXTRA_INCLUDE=<site-packages>/nvidia/cu13/include)
 [ -n "${EXTRA_INCLUDE:-}" ] && export CPLUS_INCLUDE_PATH=$CPLUS_INCLUDE_PATH:$EXTRA_INCLUDE \
   CPATH=$EXTRA_INCLUDE${CPATH:+:$CPATH}
+# no driver (this CPU machine): link against a stub libcuda.so.1 of the driver calls DeepEP makes
+# (LIBCUDA_STUB=DIR holding libcuda.so); the GPU machine's real driver serves them at load time
+[ -n "${LIBCUDA_STUB:-}" ] && export LIBRARY_PATH=$LIBCUDA_STUB${LIBRARY_PATH:+:$LIBRARY_PATH}
 unset NVSHMEM_DIR  # setup.py then finds nvidia.nvshmem and links its libnvshmem_host.so.3
 cd "$tree" || exit 1
 t0=$(date +%s)

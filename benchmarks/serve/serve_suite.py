@@ -75,12 +75,18 @@ CAPTURE_END = re.compile(r"Capture (.+?) end\. (?:bs=\[[^\]]*\], )?elapsed=([\d.
                          r"mem usage=(-?[\d.]+) GB, avail mem=([\d.]+) GB")
 
 
+# One rank: DeepEP's normal (intranode) kernels are built for 2, 4 or 8 ranks, so prefill goes
+# through the low-latency kernels too, whose buffer takes at most TOKENS tokens per rank: the
+# prefill chunk is that size (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, set in `run_server`).
+TOKENS = 256
+
+
 def common_flags(model: str, port: int, max_bs: int) -> list[str]:
     return ["--model-path", model, "--host", "127.0.0.1", "--port", str(port), "--tp", "1",
-            "--moe-a2a-backend", "deepep", "--deepep-mode", "auto",
+            "--moe-a2a-backend", "deepep", "--deepep-mode", "low_latency",
             "--attention-backend", "triton", "--cuda-graph-max-bs-decode", str(max_bs),
-            "--disable-prefill-cuda-graph",
-            "--max-running-requests", str(max_bs), "--chunked-prefill-size", "4096",
+            "--disable-prefill-cuda-graph", "--max-running-requests", str(max_bs),
+            "--chunked-prefill-size", str(TOKENS), "--max-prefill-tokens", str(TOKENS),
             "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.8"),
             "--disable-radix-cache", "--enable-metrics", "--trust-remote-code",
             "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}']
@@ -185,6 +191,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     path = [*sites, os.environ["SERVE_SITE_PROBE"], *([tree] if tree else []),
             os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, **spec.env, "SGLANG_SERVE_PROBE_DIR": str(probe_dir),
+           "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(TOKENS),
            "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     url = f"http://127.0.0.1:{port}"
     flags = [*common_flags(args.model, port, args.max_bs), *spec.flags]

@@ -4,14 +4,16 @@ the servers of a run start without compiling (SGLang compiles lazily, one kernel
 SGLANG_JIT_DEEPGEMM_PRECOMPILE is off, and 10-20 minutes up front when it is on).
 
     python3 benchmarks/serve/warm_deepgemm.py MODEL_DIR [--max-prefill 4096] [--max-rows 128]
-        [--workers 12] [--json OUT]
+        [--low-latency-only] [--workers 12] [--json OUT]
 
 Shapes from MODEL_DIR/config.json (DeepSeek-V3 layout, fp8 128x128 blocks, one rank): the dense
 fp8 linears (q_a + kv_a fused, q_b, kv_b, o_proj, the dense MLP, the shared expert) for M in
 [1, --max-prefill], the masked grouped GEMMs of DeepEP's low-latency decode (256 groups) for
 expected M in [1, --max-rows], the contiguous grouped GEMMs of its normal-mode prefill for M up
-to --max-prefill x top-k rows plus one alignment block per expert. Prints one JSON line per shape
-(seconds, kernels compiled = files new in the cache) and exits 1 if any shape failed.
+to --max-prefill x top-k rows plus one alignment block per expert (none with
+--low-latency-only: prefill through the low-latency kernels too, as on one rank). Prints one
+JSON line per shape (seconds, kernels compiled = files new in the cache) and exits 1 if any
+shape failed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def shapes(cfg: dict, max_prefill: int, max_rows: int) -> list[dict]:
+def shapes(cfg: dict, max_prefill: int, max_rows: int, contiguous: bool = True) -> list[dict]:
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     q_lora, kv_lora = cfg["q_lora_rank"], cfg["kv_lora_rank"]
@@ -40,8 +42,9 @@ def shapes(cfg: dict, max_prefill: int, max_rows: int) -> list[dict]:
     for n, k in ((2 * moe, h), (h, moe)):
         out.append({"type": "GROUPED_GEMM_NT_F8F8BF16_MASKED", "n": n, "k": k, "groups": e,
                     "max_m": max_rows})
-        out.append({"type": "GROUPED_GEMM_NT_F8F8BF16_CONTIG", "n": n, "k": k, "groups": e,
-                    "max_m": max_prefill * cfg["num_experts_per_tok"] + e * 128})
+        if contiguous:
+            out.append({"type": "GROUPED_GEMM_NT_F8F8BF16_CONTIG", "n": n, "k": k, "groups": e,
+                        "max_m": max_prefill * cfg["num_experts_per_tok"] + e * 128})
     return out
 
 
@@ -84,6 +87,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("model", nargs="?")
     ap.add_argument("--max-prefill", type=int, default=4096)
     ap.add_argument("--max-rows", type=int, default=128)
+    ap.add_argument("--low-latency-only", action="store_true")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--json")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -92,7 +96,7 @@ def main(argv: list[str]) -> int:
         warm_one(json.loads(args.one))
         return 0
     cfg = json.loads((Path(args.model) / "config.json").read_text())
-    jobs = shapes(cfg, args.max_prefill, args.max_rows)
+    jobs = shapes(cfg, args.max_prefill, args.max_rows, not args.low_latency_only)
     before, t0 = cache_files(), time.time()
     with ThreadPoolExecutor(args.workers) as pool:  # longest first: the contiguous GEMMs
         recs = list(pool.map(run_job, sorted(jobs, key=lambda j: -j["max_m"] * j["groups"])))
