@@ -111,21 +111,21 @@ if [ "$MODE" = releases ]; then
   for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do  # nvcc every launch, in parallel
     install_dg "$v" "/tmp/dg-$v" || { echo "install sgl-deep-gemm $v failed"; rc=1; continue; }
     shapes=none; case " ${BENCH_RELEASES:-0.2.3.post2} " in *" $v "*) shapes=${REL_SHAPES:-};; esac
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py --compile-only \
       --with-tests --workers 6 ${shapes:+--shapes $shapes} > "$OUT/compile_$v.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   echo "[$(date +%T)] compiled: $(cat "$OUT"/compile_*.log | tr '\n' ' ' | tail -c 600)"
   for v in ${BENCH_RELEASES:-0.2.3.post2}; do
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py \
       --json "$OUT/releases_$v.json" ${REL_SHAPES:+--shapes $REL_SHAPES} \
       > "$OUT/releases_$v.log" 2>&1 || rc=1
     sed -n '/^deep_gemm /,$p' "$OUT/releases_$v.log" | grep -v '^{' | tee "$OUT/releases_$v.md"
   done
   echo "[$(date +%T)] benchmark done"; pids=()
   for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do
-    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-}
       python3 -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__, 'imports')" \
         > "$OUT/import_$v.txt" 2>&1
       echo "import deep_gemm $v: $(tail -1 "$OUT/import_$v.txt")"
@@ -146,9 +146,9 @@ if [ "$MODE" = dgown ]; then
   [ -d /opt/gcc/bin ] && export PATH=/usr/local/cuda/bin:/opt/gcc/bin:$PATH
   # each release first on PYTHONPATH: 0.2.3.post2 is the staged stack's own, 0.2.5 in GK/dg-0.2.5
   for v in $rels; do
-    mkdir -p "/tmp/dg-$v"
     if [ $STAGED = 1 ]; then
-      [ "$v" = 0.2.5 ] && [ -n "${GK_DG025:-}" ] && ln -sfn "$GK_DG025/deep_gemm" "/tmp/dg-$v/"
+      rm -rf "/tmp/dg-$v"
+      if [ "$v" = 0.2.5 ]; then ln -s "$GK_DG025" "/tmp/dg-$v"; else mkdir -p "/tmp/dg-$v"; fi
     else
       install_dg "$v" "/tmp/dg-$v" &
     fi
@@ -156,27 +156,27 @@ if [ "$MODE" = dgown ]; then
   wait
   pids=()
   for v in $rels; do  # import check, then DeepGEMM's own JIT for every benchmark/test shape
-    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-}
       python3 -c "import torch, deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports on torch',
 torch.__version__)" > "$OUT/import_$v.txt" 2>&1
       timeout 150 python3 benchmarks/bench_dg_releases.py --warm-dg --workers 8 \
         ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/warm_$v.log" 2>&1 ) & pids+=($!)
   done
-  PYTHONPATH=/tmp/dg-$tune_rel:$ROOT python3 benchmarks/tune_producer.py --compile-only \
+  PYTHONPATH=/tmp/dg-$tune_rel:$ROOT:${PYTHONPATH:-} python3 benchmarks/tune_producer.py --compile-only \
     --workers 16 > "$OUT/compile_tune.log" 2>&1 || rc=1
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for v in $rels; do at "deep_gemm $v: $(tail -qn1 "$OUT/import_$v.txt"); warm-up log: $(
     grep -c -i error "$OUT/warm_$v.log") error lines"; done
   at "tuner cubins: $(tail -1 "$OUT/compile_tune.log")"
   if [ "${DGOWN_TUNE:-1}" = 1 ]; then  # alone on the GPU
-    PYTHONPATH=/tmp/dg-$tune_rel:$ROOT timeout 200 python3 benchmarks/tune_producer.py \
+    PYTHONPATH=/tmp/dg-$tune_rel:$ROOT:${PYTHONPATH:-} timeout 200 python3 benchmarks/tune_producer.py \
       --raw "$OUT/tune_raw.json" > "$OUT/tune.log" 2>&1 || rc=1
     cp sglang_overlap/profiles/producer-*.json "$OUT/"
     at "tuner: $(tail -1 "$OUT/tune.log")"
   fi
   pids=()
   for v in $rels; do  # the launches of the table now served: nvcc what is not cached
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py --compile-only \
       --with-tests --workers 8 ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} \
       > "$OUT/compile_$v.log" 2>&1 & pids+=($!)
   done
@@ -184,7 +184,7 @@ torch.__version__)" > "$OUT/import_$v.txt" 2>&1
   at "compiled: $(tail -qn1 "$OUT"/compile_0.2*.log | tr '\n' ' ')"
   pids=()
   for v in $rels; do  # the producer's GPU tests, the releases side by side
-    PYTHONPATH=/tmp/dg-$v:$ROOT SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_REQUIRE_DGOWN=1 \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_REQUIRE_DGOWN=1 \
       timeout 200 python3 -m pytest -q -p no:cacheprovider -k "${DGOWN_K:-not sliced}" \
       tests/gpu/test_dg_own_launch.py tests/gpu/test_signal_down_gemm.py \
       > "$OUT/pytest_dgown_$v.txt" 2>&1 & pids+=($!)
@@ -192,7 +192,7 @@ torch.__version__)" > "$OUT/import_$v.txt" 2>&1
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   at "tests done"
   for v in $rels; do  # the benchmark, one release at a time, alone on the GPU
-    r=0; PYTHONPATH=/tmp/dg-$v:$ROOT timeout 240 python3 benchmarks/bench_dg_releases.py \
+    r=0; PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} timeout 240 python3 benchmarks/bench_dg_releases.py \
       --skip "${DGOWN_SKIP-sliced}" --json "$OUT/dgown_$v.json" \
       ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/dgown_$v.log" 2>&1 || r=$?
     [ $r = 0 ] || rc=1; at "benchmark $v: exit $r, $(grep -c '^{' "$OUT/dgown_$v.log") shapes"
