@@ -295,6 +295,15 @@ def validate_settings(s: OverlapSettings, d: ServerFacts) -> list[str]:
             "--enable-single-batch-overlap needs an expert-parallel all-to-all backend: "
             f"--moe-a2a-backend deepep or torch_a2a (got {d.moe_a2a_backend})"
         )
+    if s.enable_two_batch_overlap and has_a2a and d.moe_a2a_backend != "torch_a2a" \
+            and d.tp_size < 2:  # (torch_a2a is refused below 2 ranks above)
+        errors.append(
+            f"--enable-two-batch-overlap with --moe-a2a-backend {d.moe_a2a_backend} needs the "
+            f"experts on 2 or more ranks (--tp 2 or more, got --tp {d.tp_size}): SGLang's "
+            "two-batch operations dispatch tokens only when the expert-parallel size is above 1, "
+            "and the expert stage then fails (KeyError 'dispatch_output' in "
+            "DeepseekV2MoE.op_experts), so on one GPU only --enable-single-batch-overlap serves"
+        )
     if s.enable_two_batch_overlap and not has_a2a and d.attn_dp_size <= 1:
         errors.append(
             "--enable-two-batch-overlap needs --moe-a2a-backend deepep or torch_a2a, or "

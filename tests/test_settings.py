@@ -87,6 +87,12 @@ def test_add_arguments_twice_is_harmless() -> None:
         ({"tbo_token_distribution_threshold": -0.1}, DEEPEP, "got -0.1"),
         ({"enable_single_batch_overlap": True}, ServerFacts(), "--moe-a2a-backend deepep"),
         ({"enable_two_batch_overlap": True}, ServerFacts(), "--enable-two-batch-overlap needs"),
+        # one rank: SGLang's TBO operations skip the dispatch at EP 1 (seen on one H100)
+        ({"enable_two_batch_overlap": True}, ServerFacts(moe_a2a_backend="deepep"),
+         "needs the experts on 2 or more ranks (--tp 2 or more, got --tp 1)"),
+        ({"enable_two_batch_overlap": True, "enable_single_batch_overlap": True,
+          "overlap_gating": "auto"}, ServerFacts(moe_a2a_backend="deepep", attn_dp_size=1),
+         "on one GPU only --enable-single-batch-overlap serves"),
         ({"overlap_gating_hysteresis": 0.9, "enable_two_batch_overlap": True}, DEEPEP,
          "--overlap-gating-hysteresis"),
         ({"sbo_combine_num_sms": -1, "enable_single_batch_overlap": True}, DEEPEP, ">= 0"),
@@ -141,7 +147,7 @@ def test_every_shipped_hardware_profile_is_accepted(profile: str, tmp_path, monk
     (tmp_path / "my-node.json").write_text('{"base": "H200", "source": "calibrated here"}')
     s = OverlapSettings(enable_two_batch_overlap=True, overlap_gating="auto",
                         overlap_hardware_profile=profile)
-    assert validate_settings(s, ServerFacts(moe_a2a_backend="deepep")) == []
+    assert validate_settings(s, ServerFacts(moe_a2a_backend="deepep", tp_size=2)) == []
 
 
 def test_the_a2a_field_keeps_what_was_asked_under_sglangs_flag_name() -> None:
@@ -283,3 +289,11 @@ def test_the_tbo_sbo_warning_and_the_a2a_errors_read_in_full() -> None:
 ])
 def test_the_flags_turn_on_their_modes(kwargs: dict[str, object], want: set[str]) -> None:
     assert OverlapSettings(**kwargs).enabled_modes == want
+
+
+def test_tbo_on_two_ranks_and_sbo_on_one_pass() -> None:
+    """The one-rank refusal is TBO's alone: SBO serves on one rank, TBO from --tp 2."""
+    tbo = OverlapSettings(enable_two_batch_overlap=True)
+    assert validate_settings(tbo, ServerFacts(moe_a2a_backend="deepep", tp_size=2)) == []
+    sbo = OverlapSettings(enable_single_batch_overlap=True)
+    assert validate_settings(sbo, ServerFacts(moe_a2a_backend="deepep", tp_size=1)) == []

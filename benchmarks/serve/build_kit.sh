@@ -5,9 +5,10 @@
 # The GPU machine has Python 3.12, torch 2.11, triton 3.6, NCCL 2.28.9 and no package index; what
 # `pip install sglang==0.5.23` gives users travels instead (cp312 wheels, downloads cached in
 # .gpukit/dl):
-#   wheels/           torch 2.14.1 (cu130), nvidia-nccl-cu13 2.30.7, triton 3.8.0, sgl-deep-ep
-#                     0.1.2.post1 (the per-expert combine form), sgl-deep-gemm 0.2.3.post2 (what
-#                     sglang 0.5.23 pins) and 0.2.5 (the newest, for the producer benchmark)
+#   wheels/           torch 2.14.1 (cu130), torchvision 0.29.1, nvidia-nccl-cu13 2.30.7, triton
+#                     3.8.0, sgl-deep-ep 0.1.2.post1 (the per-expert combine form), sgl-deep-gemm
+#                     0.2.3.post2 (what sglang 0.5.23 pins) and 0.2.5 (the newest, for the
+#                     producer benchmark)
 #   sglang.tar.xz     SGLang 0.5.23's Python (no .so: its Rust extensions are optional; no tests,
 #                     no diffusion code)
 #   sgl_kernel.tar.xz sglang-kernel 0.4.10 without FA3 (flash_ops, 1.1 GB: --attention-backend
@@ -47,8 +48,13 @@ xzdir() {  # xzdir OUT DIR: DIR's contents as tar.xz
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 dl "$DL/big" torch==2.14.1 nvidia-nccl-cu13==2.30.7 triton==3.8.0
-dl "$DL/wheels" sgl-deep-ep==0.1.2.post1 sgl-deep-gemm==0.2.3.post2 sgl-deep-gemm==0.2.5
-for w in "$DL"/big/*.whl "$DL"/wheels/sgl_deep_*.whl; do ln -f "$w" "$PAY/wheels/"; done
+# torchvision: transformers imports it where installed, and the image's 0.26 (torch 2.11) fails
+# on torch 2.14.1 ("operator torchvision::nms does not exist"): users have 0.29.1 beside 2.14.1
+dl "$DL/wheels" sgl-deep-ep==0.1.2.post1 sgl-deep-gemm==0.2.3.post2 sgl-deep-gemm==0.2.5 \
+  torchvision==0.29.1
+for w in "$DL"/big/*.whl "$DL"/wheels/sgl_deep_*.whl "$DL"/wheels/torchvision-*.whl; do
+  ln -f "$w" "$PAY/wheels/"
+done
 
 if [ ! -f "$PAY/sglang.tar.xz" ]; then
   dl "$DL" sglang==0.5.23

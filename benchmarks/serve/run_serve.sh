@@ -52,7 +52,7 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 log "model: $(du -sh "$MODEL" | cut -f1) at $MODEL"
 if [ ! -f "$G/jit/warmed" ]; then  # every GEMM shape in parallel, before any server needs it
-  python3 benchmarks/serve/warm_deepgemm.py "$MODEL" --max-prefill 256 --max-rows 256 \
+  timeout "${WARM_TIMEOUT:-150}" python3 benchmarks/serve/warm_deepgemm.py "$MODEL" --max-prefill 256 --max-rows 256 \
     --low-latency-only --json "$W/warm_deepgemm.json" \
     > "$W/warm_deepgemm.log" 2>&1 && touch "$G/jit/warmed"
   log "DeepGEMM JIT warm-up: $(tail -1 "$W/warm_deepgemm.log")"

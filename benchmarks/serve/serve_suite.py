@@ -87,7 +87,9 @@ def common_flags(model: str, port: int, max_bs: int) -> list[str]:
             "--attention-backend", "triton", "--cuda-graph-max-bs-decode", str(max_bs),
             "--disable-prefill-cuda-graph", "--max-running-requests", str(max_bs),
             "--chunked-prefill-size", str(TOKENS), "--max-prefill-tokens", str(TOKENS),
-            "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.8"),
+            # 0.8 left 15 GB for the decode graphs and DeepEP's 256-token one-rank buffers on an
+            # H100, and capture ran out of memory at bs 64 (2026-12-06): the KV pool gets less
+            "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.6"),
             "--disable-radix-cache", "--enable-metrics", "--trust-remote-code",
             "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}']
 

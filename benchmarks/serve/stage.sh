@@ -5,8 +5,8 @@
 #                                            # .gpukit/parts/part-NN; prints held / missing
 #   bash benchmarks/serve/stage.sh install   # all parts held: assemble, install, check
 #   source /tmp/gk/env.sh                    # later calls (run_gpu.sh does): the stack first
-# install puts torch 2.14.1 + NCCL 2.30.7 + triton 3.8.0 + sgl-deep-ep + sgl-deep-gemm 0.2.3.post2
-# in GK/stack (pip --target), SGLang, sglang-kernel and the server's other packages in GK/sg,
+# install puts torch 2.14.1 (+ torchvision 0.29.1) + NCCL 2.30.7 + triton 3.8.0 + sgl-deep-ep +
+# sgl-deep-gemm 0.2.3.post2 in GK/stack (pip --target), SGLang, sglang-kernel and the server's other packages in GK/sg,
 # sgl-deep-gemm 0.2.5 in GK/dg-0.2.5, DeepEP's antgroup-opt tree (built against the staged torch
 # if the kit has no prebuilt extension) in GK/trees/antgroup-opt, and writes GK/env.sh (both
 # first on PYTHONPATH, ahead of the image's torch 2.11). Then it checks what it installed:
@@ -36,7 +36,8 @@ if [ "$(cat "$G/installed" 2>/dev/null)" != "$kit" ]; then
   python3 benchmarks/serve/stage.py assemble "$P" || exit 1
   pipt() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$@"; }
   pids=()
-  pipt "$S" "$P"/wheels/torch-*.whl "$P"/wheels/nvidia_nccl_cu13-*.whl "$P"/wheels/triton-*.whl \
+  pipt "$S" "$P"/wheels/torch-*.whl "$P"/wheels/torchvision-*.whl \
+    "$P"/wheels/nvidia_nccl_cu13-*.whl "$P"/wheels/triton-*.whl \
     "$P"/wheels/sgl_deep_ep-*.whl "$P"/wheels/sgl_deep_gemm-0.2.3.post2-*.whl \
     > "$L/pip_stack.log" 2>&1 & pids+=($!)
   pipt "$D" "$P"/wheels/sgl_deep_gemm-0.2.5-*.whl > "$L/pip_dg025.log" 2>&1 & pids+=($!)
