@@ -100,6 +100,11 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
             lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags'])} | FAILED: "
                          f"{r['error'][:160]} |" + " |" * (5 + len(concs)))
             continue
+        if r.get("refused_needle"):  # passed: refused at start with its message (else: error)
+            lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags'])} | refused at start, "
+                         f"as it must be: \"...{r['refused_needle']}...\" |"
+                         + " |" * (5 + len(concs)))
+            continue
         tok_ok, tok = (True, "baseline") if base is r else (False, "no baseline") if not base \
             or "error" in base else token_verdict(r["tokens_batch"] + r["tokens_single"],
                                                   base["tokens_batch"] + base["tokens_single"])

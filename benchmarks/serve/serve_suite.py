@@ -43,24 +43,28 @@ class ServerSpec:
     modes: tuple[str, ...] = ()  # graph sets the plugin captures (--overlap-gating auto)
     env: dict[str, str] = field(default_factory=dict)
     planted: bool = False  # the planted replay bug: its decisions-vs-replays check must FAIL
+    refused: str = ""  # the server must refuse to start, its log holding this text
 
 
 ANT_ENV = {"DEEPEP_DISABLE_LL_DISPATCH_OPT": "1"}  # its layered LL dispatch needs 8k ranks
 TWO_CHUNK = [*TBO, "--tbo-token-distribution-threshold", "0.48"]
-AUTO_ALL = [*TBO, *SBO, *AUTO]
+AUTO_SBO = [*SBO, *AUTO]  # one rank: auto over SBO and none (TBO needs 2+ expert ranks)
+ONE_RANK_TBO = "needs the experts on 2 or more ranks (--tp 2 or more, got --tp 1)"
 SERVERS: dict[str, ServerSpec] = {
     "base": ServerSpec(site=None),
     "plugin": ServerSpec(),
-    "tbo": ServerSpec(TBO),
-    "two_chunk": ServerSpec(TWO_CHUNK),
     "sbo_expert": ServerSpec(SBO),
     "sbo_block": ServerSpec(SBO, tree="antgroup-opt", env=ANT_ENV),
-    "auto": ServerSpec(AUTO_ALL, modes=("tbo", "sbo", "none")),
-    "auto_planted": ServerSpec(AUTO_ALL, site="SERVE_SITE_PLANTED", modes=("tbo", "sbo", "none"),
+    "auto": ServerSpec(AUTO_SBO, modes=("sbo", "none")),
+    "auto_planted": ServerSpec(AUTO_SBO, site="SERVE_SITE_PLANTED", modes=("sbo", "none"),
                                planted=True),
     "base_ant": ServerSpec(site=None, tree="antgroup-opt", env=ANT_ENV),
-    "auto_block": ServerSpec(AUTO_ALL, tree="antgroup-opt", env=ANT_ENV,
-                             modes=("tbo", "sbo", "none")),
+    "auto_block": ServerSpec(AUTO_SBO, tree="antgroup-opt", env=ANT_ENV, modes=("sbo", "none")),
+    # TBO and two-chunk at one expert rank: refused at start (SGLang's two-batch operations skip
+    # the dispatch at EP 1); they serve from --tp 2, on a machine of 2+ GPUs
+    "tbo_one_rank": ServerSpec(TBO, refused=ONE_RANK_TBO),
+    "tbo": ServerSpec(TBO),
+    "two_chunk": ServerSpec(TWO_CHUNK),
 }
 WORDS = ("The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is "
          "the capital of France. User: hi there. Assistant: hello, how can I help you today? "
@@ -184,6 +188,25 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+class _Done(Exception):
+    """A refused server's record is complete."""
+
+
+def expect_refusal(rec: dict[str, Any], needle: str, url: str, proc: subprocess.Popen[bytes],
+                   log_path: Path, timeout: float) -> None:
+    """The server must exit before it is ready with `needle` in its log: rec["refused"] says
+    whether it did, rec["error"] what went wrong otherwise."""
+    try:
+        wait_ready(url, proc, timeout)
+        rec["error"] = "started, but the plugin should have refused these flags"
+        return
+    except RuntimeError:  # exited
+        pass
+    rec["refused"] = needle in log_path.read_text(errors="replace")
+    if not rec["refused"]:
+        rec["error"] = f"exited without saying: {needle}"
+
+
 def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int) -> dict[str, Any]:
     out: Path = args.out
     probe_dir = out / f"probe_{name}"
@@ -199,7 +222,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     flags = [*common_flags(args.model, port, args.max_bs), *spec.flags]
     rec: dict[str, Any] = {"name": name, "flags": spec.flags, "plugin": spec.site is not None,
                            "tree": spec.tree, "modes": list(spec.modes),
-                           "planted": spec.planted}
+                           "planted": spec.planted, "refused_needle": spec.refused}
     log_path = out / f"server_{name}.log"
     t0 = time.time()
     with open(log_path, "wb") as log:
@@ -207,6 +230,9 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=out,
                                 start_new_session=True)  # cwd: no plugin source on sys.path
     try:
+        if spec.refused:  # must exit before it is ready, saying why
+            expect_refusal(rec, spec.refused, url, proc, log_path, args.start_timeout)
+            raise _Done
         rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
         rec["tokens_batch"] = generate(url, PROMPTS)
         rec["tokens_single"] = generate(url, PROMPTS[:1])
@@ -219,11 +245,13 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
                                               "sglang:generation_tokens_total"))]
         rec["gate"] = plugin_table(url) if spec.site else None
         rec["graphs"] = probe_counts(probe_dir)
+    except _Done:
+        pass
     except BaseException as exc:  # the record says what failed; the next server still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         stop(proc)
-        subprocess.run(["pkill", "-9", "-f", f"--port {port}"], check=False)
+        subprocess.run(["pkill", "-9", "-f", f"port {port}"], check=False)  # its children
     text = log_path.read_text(errors="replace")
     rec["capture"] = [{"what": w, "time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
                       for w, a, b, c in CAPTURE_END.findall(text)]
@@ -238,7 +266,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--servers", default="base,plugin,tbo,two_chunk,sbo_expert,sbo_block,auto")
+    ap.add_argument("--servers", default="base,sbo_expert,auto,auto_planted,plugin,sbo_block,"
+                    "tbo_one_rank")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--max-bs", type=int, default=64)
     ap.add_argument("--start-timeout", type=float, default=420)
@@ -261,7 +290,8 @@ def main(argv: list[str]) -> int:
         if rec.get("error", "").startswith("KeyboardInterrupt"):
             print(f"[serve] {name}: interrupted ({rec['wall_s']:.0f} s)", flush=True)
             return 1
-        status = rec.get("error") or f"ok, ready in {rec['ready_s']:.0f} s"
+        status = rec.get("error") or ("refused as it must be" if rec.get("refused")
+                                      else f"ok, ready in {rec['ready_s']:.0f} s")
         print(f"[serve] {name}: {status} ({rec['wall_s']:.0f} s)", flush=True)
         rc |= "error" in rec
     return rc

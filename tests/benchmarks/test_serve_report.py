@@ -83,3 +83,34 @@ def test_capture_line_of_the_supported_sglang() -> None:
     assert CAPTURE_END.findall(decode) == [("decode cuda graph", "12.34", "1.25", "9.87")]
     assert CAPTURE_END.findall(prefill) == [("prefill CUDA graph", "0.50", "0.10", "9.7")]
     assert not CAPTURE_END.findall("Capture cuda graph end. Time elapsed: 1.0 s. mem usage=1 GB")
+
+
+def test_a_server_that_must_be_refused() -> None:
+    base = rec("base", ids=[1])
+    refused = {"name": "tbo_one_rank", "flags": ["--enable-two-batch-overlap"],
+               "tree": "sgl-deep-ep", "refused_needle": "needs the experts on 2 or more ranks",
+               "refused": True, "capture": [], "plugin_log": []}
+    text, ok = report.table({"base": base, "tbo_one_rank": refused}, [])
+    assert ok and "refused at start, as it must be" in text
+    started = {**refused, "refused": False,
+               "error": "started, but the plugin should have refused these flags"}
+    text, ok = report.table({"base": base, "tbo_one_rank": started}, [])
+    assert not ok and "FAILED: started" in text
+
+
+def test_expect_refusal_reads_the_log(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from benchmarks.serve.serve_suite import expect_refusal
+
+    log = tmp_path / "server.log"
+    for said, want in (("sglang-overlap: TBO needs the experts on 2 or more ranks", True),
+                       ("Traceback: KeyError 'dispatch_output'", False)):
+        log.write_text(said)
+        proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+        proc.wait()
+        r: dict = {}
+        expect_refusal(r, "needs the experts on 2 or more ranks", "http://127.0.0.1:9", proc,
+                       log, timeout=5)
+        assert r["refused"] is want and ("error" in r) is (not want)
