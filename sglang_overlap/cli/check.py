@@ -280,7 +280,7 @@ def _compat(report: ProbeReport, out: dict[str, Any],
     stack = Stack(arch=caps.arch, sglang=out["sglang"]["version"], deep_ep=caps.deep_ep_version,
                   deep_ep_forms=caps.deep_ep_combine_forms, deep_gemm=caps.deep_gemm_version,
                   nvcc=nvcc, triton=report.triton)
-    verdict = evaluate(stack).to_dict()
+    verdict: dict[str, Any] = evaluate(stack).to_dict()
     patched = out["kernels"]["plugin_patched_deepgemm"]
     if verdict["fast_path"] == "sm90-patched-deepgemm" and verdict["fast_path_serves"] \
             and not patched["available"]:  # e.g. the installed header is not the patched one

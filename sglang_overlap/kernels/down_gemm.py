@@ -340,7 +340,16 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                                       signal=signal, layout=layout,
                                       slice_experts=plan.slice_experts, streams=plan.streams)
     else:
-        config = fused_config(layout, expected_m)
-        grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
-                                signal=signal, layout=layout, num_programs=config.programs(sms))
+        run_fused(a, a_scale, b, b_scale, out, masked_m, expected_m, signal=signal,
+                  layout=layout, compute_num_sms=sms)
     return plan
+
+
+def run_fused(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+              out: torch.Tensor, masked_m: torch.Tensor, expected_m: int, *,
+              signal: torch.Tensor | None, layout: SboLayout, compute_num_sms: int) -> None:
+    """The fused producer's launch as `signal_down_gemm` serves it (arguments as there):
+    `fused_config` for `layout`'s tiles, the persistent grid capped at `compute_num_sms` SMs."""
+    config = fused_config(layout, expected_m)
+    grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config, signal=signal,
+                            layout=layout, num_programs=config.programs(compute_num_sms))

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from sglang_overlap.planning.sbo_path import CombineForm
+
 if os.environ.get("SGLANG_OVERLAP_TORCH_BRIDGE"):
     # deep_gemm 0.2.x's _C.so on torch 2.11: the bridge goes in after torch, before deep_gemm
     # (benchmarks/gpukit; loaded only where torch lacks its symbols)
@@ -35,7 +37,7 @@ class EpEnv:
     rank: int
     world: int
     buffer: Any
-    form: str | None  # the combine overlap form this tree takes
+    form: CombineForm | None  # the combine overlap form this tree takes
     _layout: tuple[int, int, int] | None = field(default=None)
 
     def use(self, num_experts: int, n: int = N_MAX, hidden: int = HIDDEN) -> Any:

@@ -12,6 +12,7 @@ Every overlapped step runs under the host watchdog, so a hang is a SignalError, 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -19,6 +20,9 @@ import torch
 from tests.gpu.conftest import N_MAX
 from tests.gpu.test_deepep_kernels import routing
 from tests.oracle import fp8 as oracle_fp8
+
+if TYPE_CHECKING:
+    from benchmarks.harness.sbo_layer import MoeWeights
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,7 +32,7 @@ pytestmark = [pytest.mark.gpu,
 REF_REL = 6e-2
 SAME_REL = 1e-2  # the same fp8 pipeline, another down-GEMM kernel (fused Triton vs DeepGEMM)
 WATCHDOG_S = 20.0
-_WEIGHTS: dict[int, object] = {}
+_WEIGHTS: dict[int, MoeWeights] = {}
 
 
 def _layer(ep, e_local: int, watchdog_s: float | None = WATCHDOG_S):
@@ -40,7 +44,7 @@ def _layer(ep, e_local: int, watchdog_s: float | None = WATCHDOG_S):
     if e_local not in _WEIGHTS:
         _WEIGHTS.clear()  # one expert set on the GPU at a time (E 32: 2.8 GB of fp8)
         _WEIGHTS[e_local] = MoeWeights.random(shape, seed=e_local)
-    return DeepEPSboLayer(ep.use(shape.num_experts), shape, _WEIGHTS[e_local],  # type: ignore
+    return DeepEPSboLayer(ep.use(shape.num_experts), shape, _WEIGHTS[e_local],
                           form=ep.form, watchdog_s=watchdog_s)
 
 
