@@ -17,6 +17,7 @@ from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+MAX_WORKERS = 1  # DeepEP's buffer (NVSHMEM) per process on one GPU: not run side by side yet
 
 BF16_REL = 1e-2  # combine: bf16 outputs, fp32 accumulation of K weighted terms
 FP8_REL = 5e-2  # e4m3 keeps 3 mantissa bits: <= 2^-4 per element, ~3e-2 in L2

@@ -19,6 +19,7 @@ from sglang_overlap.sglang.selector_runtime import SelectorRuntime
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+MAX_WORKERS = 1  # it times CUDA work: other workers' kernels would be in its steps
 
 
 def _step(x: torch.Tensor, n: int) -> None:

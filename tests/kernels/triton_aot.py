@@ -203,14 +203,17 @@ def recording(cache: dict[str, Any] | None, key: str, fn: Any,
 @contextlib.contextmanager
 def producer_tables(gpu: str) -> Iterator[None]:
     """`gpu`'s shipped producer tables serve, the patched DeepGEMM producer counts as
-    unavailable (the case where the Triton producers serve)."""
+    unavailable (the case where the Triton producers serve) and the fused one as built (what
+    it launches is recorded whatever the installed triton; whether it builds is the test)."""
     from sglang_overlap.kernels import down_gemm, gpu_tables
 
     old_env = os.environ.get(gpu_tables.TABLE_ENV)
     old_dg = list(down_gemm._DG_SIGNAL_UNAVAILABLE)
+    old_fused = list(down_gemm._FUSED_UNAVAILABLE)
     os.environ[gpu_tables.TABLE_ENV] = gpu
     gpu_tables.reset()
     down_gemm._DG_SIGNAL_UNAVAILABLE[:] = ["AOT compile: the Triton producers serve"]
+    down_gemm._FUSED_UNAVAILABLE[:] = [""]
     try:
         yield
     finally:
@@ -220,6 +223,7 @@ def producer_tables(gpu: str) -> Iterator[None]:
             os.environ[gpu_tables.TABLE_ENV] = old_env
         gpu_tables.reset()
         down_gemm._DG_SIGNAL_UNAVAILABLE[:] = old_dg
+        down_gemm._FUSED_UNAVAILABLE[:] = old_fused
 
 
 @dataclass(frozen=True)
