@@ -297,5 +297,9 @@ def test_a_triton_that_cannot_build_the_producers_is_named_with_the_fix(tmp_path
                           capture_output=True, text=True, timeout=120, check=False)
     text = done.stdout
     assert "SBO down-GEMM producer (triton 3.3.1): none: the sliced SBO producer's" in text, text
-    assert "SBO: shared_expert_only:" in text and "pip install triton==3.8.0" in text, text
+    (sbo,) = [line for line in text.splitlines() if line.startswith("SBO: ")]
+    assert sbo.startswith("SBO: shared_expert_only:") and "does not build on triton 3.3.1" in sbo
+    assert "pip install triton==3.8.0" in sbo, sbo
     assert "plugin signal GEMM (triton): no" in text, text
+    assert "fast path (sm90-patched-deepgemm): will NOT serve" in text, text
+    assert "missing triton 3.4.0 or later (the plugin's Triton signal GEMM)" in text, text
