@@ -36,9 +36,11 @@ SOURCE: dict[Kernel, str] = {
 
 @pytest.fixture(scope="module", autouse=True)
 def fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A triton cache of this module's own: every compile here compiles (none is read back)."""
+    """A triton cache of this module's own: every compile here compiles (none is read back),
+    with triton's own bundled ptxas (CI has no CUDA toolkit)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
+        mp.delenv("TRITON_PTXAS_PATH", raising=False)
         yield
 
 
