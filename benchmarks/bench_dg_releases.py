@@ -5,9 +5,8 @@ Per DeepSeek-V3 down-projection shape (K 2048, N 7168, fp8 1x128 / 128x128 scale
 experts, `rows` valid rows each of C capacity rows), microseconds:
 
     base        the baseline: DeepGEMM's own `fp8_m_grouped_gemm_nt_masked` of the installed
-                release, its own heuristics (`dg`), where its `_C.so` loads - on torch 2.11
-                through benchmarks/gpukit's bridge (SGLANG_OVERLAP_TORCH_BRIDGE, loaded only
-                where torch lacks its symbols); otherwise `tiles`
+                release, its own heuristics (`dg`), where its `_C.so` loads (it needs the
+                torch its wheel pins: 2.14.1 for 0.2.x); otherwise `tiles`
     tiles       the release's kernel with the signal additions compiled out (kSignalMode 0),
                 launched by the plugin at every candidate tile on all SMs, the fastest per
                 shape (the best-tile baseline: stricter than DeepGEMM's heuristic)
@@ -148,10 +147,8 @@ def warm_dg(e: int, cap: int, rows: int) -> None:
     import torch
 
     from benchmarks.gpu_suite import down_operands
-    from benchmarks.gpukit.bridge import load_if_needed
     from sglang_overlap.kernels import deepgemm
 
-    load_if_needed()
     a, a_s, b, b_s, masked = down_operands(e, cap, rows, seed=0)
     out = torch.empty((e, cap, N), dtype=torch.bfloat16, device="cuda")
     deepgemm.masked_gemm(a, a_s, b, b_s, out, masked, rows)
@@ -312,7 +309,7 @@ def table(results: list[dict], copy: float, header: str) -> str:
     return "\n".join(lines)
 
 
-def run_header(dg_error: str | None, bridge: str) -> str:
+def run_header(dg_error: str | None) -> str:
     """One line: GPU, torch, the release and its producer, the producer table, the baseline."""
     import torch
 
@@ -324,7 +321,7 @@ def run_header(dg_error: str | None, bridge: str) -> str:
     prov = tables.dg_tiles.provenance
     return (f"deep_gemm {version} on {torch.cuda.get_device_name(0)} (torch {torch.__version__}):"
             f" producer {producer} ({why}); tiles from {tables.origin} (dg_tiles "
-            f"{prov['status']}, {prov['when']}); {bridge}; DeepGEMM's own launch: "
+            f"{prov['status']}, {prov['when']}); DeepGEMM's own launch: "
             + ("loads" if dg_error is None else f"does not load ({dg_error})"))
 
 
@@ -387,15 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compiled {compile_all(jobs, args.workers)} instantiations", flush=True)
     if args.compile_only:
         return 0
-    import torch  # noqa: F401 - before the bridge, the bridge before deep_gemm
-
     from benchmarks.bench_dg_signal import copy_tbps
     from benchmarks.gpu_suite import measure_shapes
-    from benchmarks.gpukit.bridge import load_if_needed
 
-    bridge = load_if_needed()
     dg_error = dg_loads()
-    header = run_header(dg_error, bridge)
+    header = run_header(dg_error)
     print(header, flush=True)
     copy = copy_tbps()
     results = measure_shapes(

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark in one call on the CUDA machine, from the repo root:
-#   bash benchmarks/run_gpu.sh [sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
+# Every GPU test and benchmark in one call on the CUDA machine, from the repo root, on the stack
+# users run (torch 2.14.1, NCCL 2.30.7, triton 3.8.0, sgl-deep-ep, sgl-deep-gemm 0.2.3.post2,
+# SGLang 0.5.23), which benchmarks/serve/stage.sh stages there first from the kit
+# benchmarks/serve/build_kit.sh builds here (STACK=image runs on the image's torch 2.11 instead,
+# for what needs no SGLang; nothing else does):
+#   bash benchmarks/run_gpu.sh [gpusuite|sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
+#     gpusuite  the whole tests/gpu suite: the DeepEP tests once per tree (sgl-deep-ep, the
+#           staged antgroup-opt), the rest once; workers sized to the card's memory
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
@@ -13,8 +19,8 @@
 #           down_gemm.signal_down_gemm (tests/gpu/test_signal_down_gemm.py), then the served
 #           producer against each BENCH_RELEASES release's own masked GEMM
 #           (benchmarks/bench_dg_releases.py)
-#     dgown  issue 35: DeepGEMM's own masked launch of sgl-deep-gemm 0.2.3.post2 / 0.2.5 (its _C.so
-#           on torch 2.11 through benchmarks/gpukit's bridge) as the baseline: wheels + bridge,
+#     dgown  DeepGEMM's own masked launch of sgl-deep-gemm 0.2.3.post2 / 0.2.5 (the staged
+#           stack's and GK/dg-0.2.5, both on torch 2.14.1) as the baseline:
 #           DeepGEMM's JIT warm-up, benchmarks/tune_producer.py (writes this GPU's
 #           sglang_overlap/profiles/producer-<GPU>.json, copied to $OUT), the producer's GPU tests
 #           per release (tests/gpu/test_dg_own_launch.py + test_signal_down_gemm.py), then
@@ -55,6 +61,14 @@ MODE=${1:-sbo}; shift || true
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 [ "$MODE" = serve ] && exec bash "$ROOT/benchmarks/serve/run_serve.sh" "$@"
 cd "$ROOT"
+STAGED=0
+if [ -f "${GK:-/tmp/gk}/env.sh" ]; then  # the users' stack, staged by benchmarks/serve/stage.sh
+  # shellcheck disable=SC1091
+  source "${GK:-/tmp/gk}/env.sh"; STAGED=1
+elif [ "${STACK:-}" != image ]; then
+  echo "the users' stack is not staged here: bash benchmarks/serve/stage.sh install (or STACK=image)"
+  exit 2
+fi
 OUT=${OUT:-$ROOT/.gpu-out}; mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/.whl}; TREES=${DEEPEP_TREES:-$ROOT/.deepep}; CACHE=${GPU_CACHE:-$ROOT/.gpu-cache}
 NPROC=${NPROC:-1}
@@ -64,18 +78,21 @@ install_dg() {  # install_dg VERSION TARGET: that sgl-deep-gemm wheel (+ apache-
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$2" "$WHEELS"/sgl_deep_gemm-"$1"-*.whl $(ls "$WHEELS"/apache_tvm_ffi-*.whl 2>/dev/null)
 }
-if compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null && [ "$MODE" != releases ] \
-    && [ "$MODE" != dgown ]; then
+if [ $STAGED = 0 ] && compgen -G "$WHEELS/sgl_deep_gemm-$DG_VERSION-*.whl" >/dev/null \
+    && [ "$MODE" != releases ] && [ "$MODE" != dgown ]; then
   install_dg "$DG_VERSION" /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$ROOT:${PYTHONPATH:-}
-mkdir -p "$CACHE/work"
-[ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
-export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
-export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
-export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
-[ -f "$CACHE/sgo.tar.gz" ] && [ "$SGLANG_OVERLAP_CACHE" = "$CACHE/sgo" ] && tar -xzf "$CACHE/sgo.tar.gz" -C "$CACHE"
+if [ $STAGED = 0 ]; then  # the staged env.sh names the JIT caches (the kit's sgo/jit inside)
+  mkdir -p "$CACHE/work"
+  [ -f "$CACHE/caches.tar.gz" ] && tar -xzf "$CACHE/caches.tar.gz" -C "$CACHE/work"
+  export DG_JIT_CACHE_DIR=$CACHE/work/deep_gemm TRITON_CACHE_DIR=$CACHE/work/triton
+  export DG_JIT_USE_NVRTC=${DG_JIT_USE_NVRTC:-0}  # NVRTC there cannot find cuda/std headers
+  export SGLANG_OVERLAP_CACHE=${SGLANG_OVERLAP_CACHE:-$CACHE/sgo}
+  [ -f "$CACHE/sgo.tar.gz" ] && [ "$SGLANG_OVERLAP_CACHE" = "$CACHE/sgo" ] \
+    && tar -xzf "$CACHE/sgo.tar.gz" -C "$CACHE"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
@@ -94,21 +111,21 @@ if [ "$MODE" = releases ]; then
   for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do  # nvcc every launch, in parallel
     install_dg "$v" "/tmp/dg-$v" || { echo "install sgl-deep-gemm $v failed"; rc=1; continue; }
     shapes=none; case " ${BENCH_RELEASES:-0.2.3.post2} " in *" $v "*) shapes=${REL_SHAPES:-};; esac
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py --compile-only \
       --with-tests --workers 6 ${shapes:+--shapes $shapes} > "$OUT/compile_$v.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   echo "[$(date +%T)] compiled: $(cat "$OUT"/compile_*.log | tr '\n' ' ' | tail -c 600)"
   for v in ${BENCH_RELEASES:-0.2.3.post2}; do
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py \
       --json "$OUT/releases_$v.json" ${REL_SHAPES:+--shapes $REL_SHAPES} \
       > "$OUT/releases_$v.log" 2>&1 || rc=1
     sed -n '/^deep_gemm /,$p' "$OUT/releases_$v.log" | grep -v '^{' | tee "$OUT/releases_$v.md"
   done
   echo "[$(date +%T)] benchmark done"; pids=()
   for v in ${DG_RELEASES:-0.1.4.post1 0.2.3.post2 0.2.5}; do
-    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-}
       python3 -c "import deep_gemm, sys; print('deep_gemm', deep_gemm.__file__, 'imports')" \
         > "$OUT/import_$v.txt" 2>&1
       echo "import deep_gemm $v: $(tail -1 "$OUT/import_$v.txt")"
@@ -127,35 +144,39 @@ if [ "$MODE" = dgown ]; then
   rc=0; T0=$SECONDS; rels=${DGOWN_RELEASES:-0.2.3.post2 0.2.5}; tune_rel=${rels%% *}
   at() { echo "[$(date +%T) +$((SECONDS - T0))s] $*"; }
   [ -d /opt/gcc/bin ] && export PATH=/usr/local/cuda/bin:/opt/gcc/bin:$PATH
-  export SGLANG_OVERLAP_TORCH_BRIDGE=/tmp/sgo-bridge/libtorch_bridge.so; mkdir -p /tmp/sgo-bridge
-  python3 benchmarks/gpukit/bridge.py build "$SGLANG_OVERLAP_TORCH_BRIDGE" > "$OUT/bridge.txt" 2>&1 &
-  for v in $rels; do install_dg "$v" "/tmp/dg-$v" & done
+  # each release first on PYTHONPATH: 0.2.3.post2 is the staged stack's own, 0.2.5 in GK/dg-0.2.5
+  for v in $rels; do
+    if [ $STAGED = 1 ]; then
+      rm -rf "/tmp/dg-$v"
+      if [ "$v" = 0.2.5 ]; then ln -s "$GK_DG025" "/tmp/dg-$v"; else mkdir -p "/tmp/dg-$v"; fi
+    else
+      install_dg "$v" "/tmp/dg-$v" &
+    fi
+  done
   wait
-  python3 benchmarks/gpukit/bridge.py check >> "$OUT/bridge.txt" 2>&1
-  at "bridge: $(tail -1 "$OUT/bridge.txt")"
   pids=()
   for v in $rels; do  # import check, then DeepGEMM's own JIT for every benchmark/test shape
-    ( export PYTHONPATH=/tmp/dg-$v:$ROOT
-      python3 -c "import torch; from benchmarks.gpukit.bridge import load_if_needed as l; print(l())
-import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/import_$v.txt" 2>&1
+    ( export PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-}
+      python3 -c "import torch, deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports on torch',
+torch.__version__)" > "$OUT/import_$v.txt" 2>&1
       timeout 150 python3 benchmarks/bench_dg_releases.py --warm-dg --workers 8 \
         ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/warm_$v.log" 2>&1 ) & pids+=($!)
   done
-  PYTHONPATH=/tmp/dg-$tune_rel:$ROOT python3 benchmarks/tune_producer.py --compile-only \
+  PYTHONPATH=/tmp/dg-$tune_rel:$ROOT:${PYTHONPATH:-} python3 benchmarks/tune_producer.py --compile-only \
     --workers 16 > "$OUT/compile_tune.log" 2>&1 || rc=1
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for v in $rels; do at "deep_gemm $v: $(tail -qn1 "$OUT/import_$v.txt"); warm-up log: $(
     grep -c -i error "$OUT/warm_$v.log") error lines"; done
   at "tuner cubins: $(tail -1 "$OUT/compile_tune.log")"
   if [ "${DGOWN_TUNE:-1}" = 1 ]; then  # alone on the GPU
-    PYTHONPATH=/tmp/dg-$tune_rel:$ROOT timeout 200 python3 benchmarks/tune_producer.py \
+    PYTHONPATH=/tmp/dg-$tune_rel:$ROOT:${PYTHONPATH:-} timeout 200 python3 benchmarks/tune_producer.py \
       --raw "$OUT/tune_raw.json" > "$OUT/tune.log" 2>&1 || rc=1
     cp sglang_overlap/profiles/producer-*.json "$OUT/"
     at "tuner: $(tail -1 "$OUT/tune.log")"
   fi
   pids=()
   for v in $rels; do  # the launches of the table now served: nvcc what is not cached
-    PYTHONPATH=/tmp/dg-$v:$ROOT python3 benchmarks/bench_dg_releases.py --compile-only \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} python3 benchmarks/bench_dg_releases.py --compile-only \
       --with-tests --workers 8 ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} \
       > "$OUT/compile_$v.log" 2>&1 & pids+=($!)
   done
@@ -163,7 +184,7 @@ import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/imp
   at "compiled: $(tail -qn1 "$OUT"/compile_0.2*.log | tr '\n' ' ')"
   pids=()
   for v in $rels; do  # the producer's GPU tests, the releases side by side
-    PYTHONPATH=/tmp/dg-$v:$ROOT SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_REQUIRE_DGOWN=1 \
+    PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1 SGLANG_OVERLAP_REQUIRE_DGOWN=1 \
       timeout 200 python3 -m pytest -q -p no:cacheprovider -k "${DGOWN_K:-not sliced}" \
       tests/gpu/test_dg_own_launch.py tests/gpu/test_signal_down_gemm.py \
       > "$OUT/pytest_dgown_$v.txt" 2>&1 & pids+=($!)
@@ -171,7 +192,7 @@ import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/imp
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   at "tests done"
   for v in $rels; do  # the benchmark, one release at a time, alone on the GPU
-    r=0; PYTHONPATH=/tmp/dg-$v:$ROOT timeout 240 python3 benchmarks/bench_dg_releases.py \
+    r=0; PYTHONPATH=/tmp/dg-$v:$ROOT:${PYTHONPATH:-} timeout 240 python3 benchmarks/bench_dg_releases.py \
       --skip "${DGOWN_SKIP-sliced}" --json "$OUT/dgown_$v.json" \
       ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/dgown_$v.log" 2>&1 || r=$?
     [ $r = 0 ] || rc=1; at "benchmark $v: exit $r, $(grep -c '^{' "$OUT/dgown_$v.log") shapes"
@@ -198,7 +219,13 @@ import deep_gemm; print('deep_gemm', deep_gemm.__file__, 'imports')" > "$OUT/imp
   exit $rc
 fi
 tree_list=()
+if [ $STAGED = 1 ]; then  # the stack's sgl-deep-ep (GK/stack) and the staged antgroup-opt tree
+  mkdir -p /tmp/gk-trees/sgl-deep-ep
+  tree_list=(/tmp/gk-trees/sgl-deep-ep "$GK_ANT")
+  export DEEPEP_DISABLE_LL_DISPATCH_OPT=1  # antgroup-opt's layered LL dispatch needs 8k ranks
+fi
 for tree in "$TREES"/*/; do
+  [ $STAGED = 1 ] && break
   tree=${tree%/}; [ -d "$tree/deep_ep" ] || continue
   if ! compgen -G "$tree/deep_ep_cpp*.so" >/dev/null; then
     gz=$(ls "$tree"/deep_ep_cpp*.so.gz 2>/dev/null | head -1)
@@ -273,6 +300,30 @@ if [ "$MODE" = graphsets ]; then
     benchmarks/bench_graph_sets.py --json "$OUT/graph_sets.json" ${GRAPH_ARGS:-} 2>&1 \
     | tee "$OUT/graph_sets.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+if [ "$MODE" = gpusuite ]; then
+  # every file of tests/gpu on this stack; the DeepEP tests once per tree. Workers per card:
+  # the fp64 references take ~36 GiB per worker (test_deepgemm_signal), the SBO layer ~40 GiB
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  big=$(( ${mib:-81000} >= 120000 ? 3 : 1 )); many=$(( ${mib:-81000} >= 120000 ? 6 : 2 ))
+  suite() {  # suite NAME [pytest args...]: one pytest run, its last line and failures printed
+    local name=$1; shift
+    timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "$@" \
+      > "$OUT/pytest_$name.txt" 2>&1 || rc=1
+    echo "pytest ($name): $(tail -1 "$OUT/pytest_$name.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.txt" | head -20
+  }
+  export SGLANG_OVERLAP_REQUIRE_DEEPEP=1 SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1
+  export SGLANG_OVERLAP_REQUIRE_DGOWN=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-4}
+  for tree in "${tree_list[@]}"; do
+    PYTHONPATH=$tree:$PYTHONPATH suite "deepep_$(basename "$tree")" \
+      tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py -n "$big"
+  done
+  suite dg_signal tests/gpu/test_deepgemm_signal.py -n "$many"
+  suite rest tests/gpu -n "$many" --ignore=tests/gpu/test_deepep_kernels.py \
+    --ignore=tests/gpu/test_sbo_layer.py --ignore=tests/gpu/test_deepgemm_signal.py
+  for f in "$OUT"/pytest_*.txt; do echo "$(basename "$f" .txt): $(tail -1 "$f")"; done \
+    | tee "$OUT/gpusuite.md"
 fi
 if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
   python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1

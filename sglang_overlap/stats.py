@@ -48,6 +48,7 @@ SERIES: dict[str, tuple[str, ...]] = {
     "decisions": ("phase", "mode"),             # --overlap-gating auto: the selector's mode
     "decision_changes": ("phase",),             # ... that differed from the previous step's
     "explored_steps": ("phase", "mode"),        # ... chosen to measure a mode
+    "sbo_producer_launches": ("producer",),     # SBO down GEMMs issued on the host, by producer
 }
 Labels = tuple[str, ...]
 _series: dict[str, Counter[Labels]] = {name: Counter() for name in SERIES}

@@ -18,7 +18,7 @@ def test_the_configuration_covers_what_ci_cannot_run() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert set(config["files"]) >= {"sglang_overlap", "tests/gpu", "benchmarks"}, config
     assert config["check_untyped_defs"] is True
-    assert config["exclude"] == ["^benchmarks/(gpukit|serve)/"], config["exclude"]
+    assert config["exclude"] == ["^benchmarks/serve/"], config["exclude"]
     lint = (ROOT / ".ci" / "run").read_text().split('step "lint"')[1].split("step ")[0]
     assert re.search(r"^\.venv/bin/mypy$", lint, re.M), lint  # the configured files, all
 

@@ -1,64 +1,108 @@
 #!/usr/bin/env bash
-# Build, on this (CPU) machine, what `benchmarks/run_gpu.sh serve` carries to the GPU machine:
-#   bash benchmarks/serve/build_kit.sh [KIT=.gpukit]
-# The GPU machine has Python 3.12, torch 2.11 and no package index; SGLang 0.5.23 wants torch 2.14.
-# Everything SGLang needs there and lacks travels as tar.xz (one device call carries 64 MiB):
-#   sglang.tar.xz     SGLang 0.5.23's Python (from its cp311 wheel: no .so - its Rust extensions
-#                     are optional -, no tests, no diffusion code)
+# Build, on this (CPU) machine, the stack users run, cut into parts that the GPU machine receives
+# one device call at a time (benchmarks/serve/stage.sh there):
+#   bash benchmarks/serve/build_kit.sh            # -> .gpukit/kit.json + .gpukit/parts/part-NN
+# The GPU machine has Python 3.12, torch 2.11, triton 3.6, NCCL 2.28.9 and no package index; what
+# `pip install sglang==0.5.23` gives users travels instead (cp312 wheels, downloads cached in
+# .gpukit/dl):
+#   wheels/           torch 2.14.1 (cu130), nvidia-nccl-cu13 2.30.7, triton 3.8.0, sgl-deep-ep
+#                     0.1.2.post1 (the per-expert combine form), sgl-deep-gemm 0.2.3.post2 (what
+#                     sglang 0.5.23 pins) and 0.2.5 (the newest, for the producer benchmark)
+#   sglang.tar.xz     SGLang 0.5.23's Python (no .so: its Rust extensions are optional; no tests,
+#                     no diffusion code)
 #   sgl_kernel.tar.xz sglang-kernel 0.4.10 without FA3 (flash_ops, 1.1 GB: --attention-backend
-#                     triton), the SM100 and InfLLM builds
-#   deps.tar.xz       the pure-Python and cp312 packages the server imports that the machine lacks
+#                     triton), its SM100 and InfLLM builds; FlashMLA kept (decode)
+#   deps.tar.xz       the pure-Python and cp312 packages a server imports that the machine lacks
 #                     (benchmarks/serve/device-wheels.txt, pinned as sglang 0.5.23 installs them)
-#   wheels/           sgl-deep-gemm 0.2.3.post2 (the release SGLang 0.5.23 pins)
-#   deepep/<tree>.tar.xz  a DeepEP v1 tree with its prebuilt cp312 extension (DEEPEP_SRC: the
-#                     folder holding deepep-<tree>-*.tar.gz and prebuilt/<tree>_deep_ep_cpp*.so.gz)
-# Downloads are cached in $KIT/dl. Needs python3.12 (PY312) for cp312 wheel resolution.
+#   deepep-antgroup-opt.tar.xz  DeepEP's antgroup-opt tree (the per-block combine form; no wheel
+#                     exists), with deep_ep_cpp built against torch 2.14.1 where DEEPEP_SO names
+#                     it (benchmarks/serve/build_deepep.sh); otherwise stage.sh builds it there
+#   sgo.tar.gz        optional (SGO_CACHE): the patched DeepGEMM producer's cubins (nvcc 13.0.88)
+#   jit.tar.gz        optional (JIT_CACHE): DeepGEMM's and Triton's JIT caches of an earlier run
+# The payload (an uncompressed tar of the above: the wheels are compressed already) is split into
+# parts of PART_MIB (59: one part, the working tree and kit.json fit one 64 MiB call); kit.json
+# lists each part's size and sha256 and the payload's contents.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-KIT=${1:-.gpukit}; DL=$KIT/dl; mkdir -p "$DL/wheels" "$KIT/wheels" "$KIT/deepep"
+KIT=${KIT:-.gpukit}; DL=$KIT/dl; PAY=$KIT/payload; PART_MIB=${PART_MIB:-59}
 PY=${PY:-.venv/bin/python}
-dl() {  # dl DEST PYVER SPEC...: cp wheels, no dependencies
-  local dest=$1 pyv=$2; shift 2
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyv" \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
-    --platform manylinux_2_24_x86_64 --platform manylinux_2_34_x86_64 --platform any -d "$dest" "$@"
+mkdir -p "$DL/big" "$DL/wheels" "$DL/deps" "$PAY/wheels"
+dl() {  # dl DEST SPEC...: cp312 manylinux wheels, no dependencies
+  local dest=$1; shift
+  local plat=()
+  for p in manylinux2014 manylinux_2_17 manylinux_2_18 manylinux_2_24 manylinux_2_26 \
+      manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux_2_35; do
+    plat+=(--platform "${p}_x86_64")
+  done
+  local spec out
+  for spec in "$@"; do  # one at a time: pip refuses two versions of a package in one call
+    out=$("$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp "${plat[@]}" --platform any -d "$dest" "$spec" 2>&1) \
+      || { echo "$out" | grep -v WARNING; echo "download of $spec failed"; exit 1; }
+  done
 }
-xzdir() {  # xzdir OUT DIR [tar args...]
-  local out=$1 dir=$2; shift 2
-  tar -C "$dir" "$@" --exclude=__pycache__ -cf - . | xz -T0 -6 > "$out"
+xzdir() {  # xzdir OUT DIR: DIR's contents as tar.xz
+  tar -C "$2" --exclude=__pycache__ -cf - . | xz -T0 -6 > "$1"
 }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-if [ ! -f "$KIT/sglang.tar.xz" ]; then
-  dl "$DL" 3.11 sglang==0.5.23
+dl "$DL/big" torch==2.14.1 nvidia-nccl-cu13==2.30.7 triton==3.8.0
+dl "$DL/wheels" sgl-deep-ep==0.1.2.post1 sgl-deep-gemm==0.2.3.post2 sgl-deep-gemm==0.2.5
+for w in "$DL"/big/*.whl "$DL"/wheels/sgl_deep_*.whl; do ln -f "$w" "$PAY/wheels/"; done
+
+if [ ! -f "$PAY/sglang.tar.xz" ]; then
+  dl "$DL" sglang==0.5.23
   mkdir "$tmp/sg" && unzip -q "$DL"/sglang-0.5.23-*.whl -d "$tmp/sg" \
     -x '*.so' 'sglang/test/*' 'sglang/multimodal_gen/*'
-  xzdir "$KIT/sglang.tar.xz" "$tmp/sg"
+  xzdir "$PAY/sglang.tar.xz" "$tmp/sg"
 fi
-if [ ! -f "$KIT/sgl_kernel.tar.xz" ]; then
-  dl "$DL" 3.12 sglang-kernel==0.4.10
+if [ ! -f "$PAY/sgl_kernel.tar.xz" ]; then
+  dl "$DL" sglang-kernel==0.4.10
   mkdir "$tmp/sk" && unzip -q "$DL"/sglang_kernel-0.4.10-*.whl -d "$tmp/sk" \
-    -x 'sgl_kernel/flash_ops*' 'sgl_kernel/sm100/*' 'sgl_kernel/infllm_ops*' 'sgl_kernel/flashmla_ops*'
-  xzdir "$KIT/sgl_kernel.tar.xz" "$tmp/sk"
+    -x 'sgl_kernel/flash_ops*' 'sgl_kernel/sm100/*' 'sgl_kernel/infllm_ops*'
+  xzdir "$PAY/sgl_kernel.tar.xz" "$tmp/sk"
 fi
-if [ ! -f "$KIT/deps.tar.xz" ]; then
+if [ ! -f "$PAY/deps.tar.xz" ]; then
   mapfile -t specs < <(grep -v '^#' benchmarks/serve/device-wheels.txt)
-  dl "$DL/wheels" 3.12 "${specs[@]}"
+  dl "$DL/deps" "${specs[@]}"
   mkdir "$tmp/deps"
-  for w in "$DL"/wheels/*.whl; do unzip -q -o "$w" -d "$tmp/deps"; done
-  xzdir "$KIT/deps.tar.xz" "$tmp/deps"
+  for w in "$DL"/deps/*.whl; do unzip -q -o "$w" -d "$tmp/deps"; done
+  xzdir "$PAY/deps.tar.xz" "$tmp/deps"
 fi
-dl "$KIT/wheels" 3.12 sgl-deep-gemm==0.2.3.post2
-if [ -n "${DEEPEP_SRC:-}" ]; then
-  for tree in hybrid-ep antgroup-opt; do
-    [ -f "$KIT/deepep/$tree.tar.xz" ] && continue
-    d=$tmp/ep-$tree; mkdir -p "$d"
-    tar -xzf "$DEEPEP_SRC"/deepep-$tree-*.tar.gz -C "$d"
-    src=$(ls -d "$d"/*/ | head -1)
-    gunzip -c "$DEEPEP_SRC"/prebuilt/${tree}_deep_ep_cpp.cpython-312-x86_64-linux-gnu.so.gz \
-      > "$src/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so"
-    xzdir "$KIT/deepep/$tree.tar.xz" "$src"
-  done
+if [ ! -f "$PAY/deepep-antgroup-opt.tar.xz" ] || [ -n "${DEEPEP_SO:-}" ]; then
+  src=${DEEPEP_SRC:-../shared/deepep}
+  mkdir -p "$tmp/ant" && tar -xzf "$src"/deepep-antgroup-opt-*.tar.gz -C "$tmp/ant"
+  tree=$(ls -d "$tmp"/ant/*/ | head -1)
+  [ -n "${DEEPEP_SO:-}" ] && cp "$DEEPEP_SO" "$tree/"
+  xzdir "$PAY/deepep-antgroup-opt.tar.xz" "$tree"
 fi
-du -sh "$KIT"/*.tar.xz "$KIT"/wheels "$KIT"/deepep/* 2>/dev/null
+[ -n "${SGO_CACHE:-}" ] && cp "$SGO_CACHE" "$PAY/sgo.tar.gz"
+[ -n "${JIT_CACHE:-}" ] && cp "$JIT_CACHE" "$PAY/jit.tar.gz"
+
+rm -rf "$KIT/parts"; mkdir -p "$KIT/parts"
+# the wheels first, what changes most (the DeepEP tree's extension, the caches) last: a rebuild
+# that changes only those leaves the earlier parts as they were
+order=$(cd "$PAY" && ls wheels/*.whl; ls *.tar.xz | grep -v deepep; ls deepep-*.tar.xz
+  ls *.tar.gz 2>/dev/null || true)
+tar -C "$PAY" -cf - $order | split -b "${PART_MIB}M" -d -a 2 - "$KIT/parts/part-"
+"$PY" - "$KIT" "$PAY" <<'EOF'
+import hashlib, json, sys, time
+from pathlib import Path
+kit, pay = Path(sys.argv[1]), Path(sys.argv[2])
+parts = []
+for p in sorted((kit / "parts").iterdir()):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    parts.append({"name": p.name, "bytes": p.stat().st_size, "sha256": h.hexdigest()})
+contents = {str(f.relative_to(pay)): f.stat().st_size for f in sorted(pay.rglob("*")) if f.is_file()}
+kit_id = hashlib.sha256("".join(p["sha256"] for p in parts).encode()).hexdigest()[:12]
+(kit / "kit.json").write_text(json.dumps({
+    "format": 1, "kit": kit_id, "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    "parts": parts, "payload_bytes": sum(p["bytes"] for p in parts), "contents": contents},
+    indent=1))
+print(f"kit {kit_id}: {len(parts)} parts, {sum(p['bytes'] for p in parts) / 2**20:.0f} MiB")
+for name, size in contents.items():
+    print(f"  {size / 2**20:8.1f} MiB  {name}")
+EOF

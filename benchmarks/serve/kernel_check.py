@@ -1,12 +1,13 @@
-"""Do SGLang 0.5.23's torch-2.14 kernels behave on the GPU machine's torch 2.11 through the
-bridge (benchmarks/gpukit)? A few sglang-kernel ops and DeepGEMM 0.2.3.post2's GEMMs against
-torch references on fresh random inputs, and one bad call each that must raise a Python error
-(the bridged exception constructors), not abort.
+"""Do SGLang 0.5.23's kernels behave on the staged stack (torch 2.14.1, benchmarks/serve/stage.sh)?
+A few sglang-kernel ops and DeepGEMM 0.2.3.post2's GEMMs against torch references on fresh random
+inputs, and one bad call each that must raise a Python error, not abort the process.
 
     python3 benchmarks/serve/kernel_check.py [--json OUT.json]
 
-Prints one line per check (relative error ||out - ref|| / ||ref||, its bound) and exits 1 if any
-fails. The bridge is loaded by the boot `sitecustomize` (SGLANG_SERVE_TORCH_BRIDGE).
+Inputs are quantised by the plugin's own `kernels/fp8.py` (DeepGEMM's 1x128 / 128x128 recipe);
+references dequantise them with the oracle's inverses (`tests/oracle/fp8.py`), independent of
+the kernels checked. Every check runs in its own process, all at once; prints one line per check
+(relative error ||out - ref|| / ||ref||, its bound) and exits 1 if any fails.
 """
 
 from __future__ import annotations
@@ -30,28 +31,33 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per (row, 128-column group) fp8: x [..., K] -> ([..., K] e4m3, [..., K/128] fp32)."""
-    g = x.float().unflatten(-1, (-1, 128))
-    s = g.abs().amax(-1).clamp(min=1e-4) / 448.0
-    return (g / s.unsqueeze(-1)).to(FP8).flatten(-2), s
+    from sglang_overlap.kernels.fp8 import quant_per_token_group
+
+    return quant_per_token_group(x)
 
 
 def quant_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per 128x128 block fp8: w [..., N, K] -> ([..., N, K] e4m3, [..., N/128, K/128] fp32)."""
-    *b, n, k = w.shape
-    g = w.float().reshape(*b, n // 128, 128, k // 128, 128)
-    s = g.abs().amax((-3, -1)).clamp(min=1e-4) / 448.0
-    q = (g / s[..., :, None, :, None]).to(FP8).reshape(*b, n, k)
-    return q, s
+    """Per 128x128 block fp8: w [E, N, K] or [N, K] -> (e4m3, [(E,) N/128, K/128] fp32)."""
+    from sglang_overlap.kernels.fp8 import quant_per_block
+
+    if w.dim() == 2:
+        q, s = quant_per_block(w[None])
+        return q[0], s[0]
+    return quant_per_block(w)
 
 
 def deq_rows(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return (q.float().unflatten(-1, (-1, 128)) * s.unsqueeze(-1)).flatten(-2)
+    from tests.oracle.fp8 import dequant_per_token_group
+
+    return dequant_per_token_group(q, s, torch.float32)
 
 
 def deq_blocks(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    *b, n, k = q.shape
-    g = q.float().reshape(*b, n // 128, 128, k // 128, 128) * s[..., :, None, :, None]
-    return g.reshape(*b, n, k)
+    from tests.oracle.fp8 import dequant_per_block
+
+    if q.dim() == 2:
+        return dequant_per_block(q[None], s[None], torch.float32)[0]
+    return dequant_per_block(q, s, torch.float32)
 
 
 def rmsnorm() -> tuple[float, float]:
@@ -118,11 +124,17 @@ def dg_masked() -> tuple[float, float]:
     return err, 1e-2
 
 
-def raises(fn: Callable[[], object]) -> Check:
+def raises(fn: Callable[[], object], good: Check) -> Check:
+    """A bad call must raise a Python error from the kernel's own argument check, after a good
+    call of the same library passed in this process (so a library that fails every call, e.g.
+    with no GPU, does not pass)."""
     def check() -> tuple[float, float]:
+        err, bound = good()
+        if not err <= bound:
+            return 1.0, 0.0
         try:
             fn()
-        except (RuntimeError, ValueError, TypeError) as exc:  # the kernel's own check, bridged
+        except (RuntimeError, ValueError, TypeError) as exc:  # the kernel's own check
             return (1.0, 0.0) if "Could not run" in str(exc) else (0.0, 1.0)
         return 1.0, 0.0  # no error: fails
 
@@ -151,8 +163,8 @@ CHECKS: dict[str, Check] = {
     "sgl_kernel.silu_and_mul": silu_and_mul,
     "sgl_kernel.sgl_per_token_group_quant_fp8": per_token_group_quant,
     "deep_gemm.fp8_gemm_nt": dg_gemm, "deep_gemm.fp8_m_grouped_gemm_nt_masked": dg_masked,
-    "sgl_kernel bad shape raises": raises(_bad_rmsnorm),
-    "deep_gemm bad shape raises": raises(_bad_dg),
+    "sgl_kernel bad shape raises": raises(_bad_rmsnorm, rmsnorm),
+    "deep_gemm bad shape raises": raises(_bad_dg, dg_gemm),
 }
 
 
@@ -176,15 +188,21 @@ def main(argv: list[str]) -> int:
     import subprocess
 
     rows, ok = [], True
-    for name in CHECKS:  # each in its own process: a check that crashes costs only its row
-        p = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
-                           text=True, timeout=300)
-        last = (p.stdout.strip().splitlines() or [""])[-1]
+    procs = {name: subprocess.Popen([sys.executable, __file__, "--one", name],  # all at once
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in CHECKS}  # each in its own process: a check that crashes costs its row
+    for name, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        last = (stdout.strip().splitlines() or [""])[-1]
         try:
             row = json.loads(last)
         except ValueError:
             row = {"check": name, "ok": False, "error": f"process exited {p.returncode}: "
-                   + (p.stderr.strip().splitlines() or [""])[-1][:200]}
+                   + (stderr.strip().splitlines() or [""])[-1][:200]}
         rows.append(row)
         ok &= bool(row["ok"])
         print(f"[kernels] {'ok  ' if row['ok'] else 'FAIL'} {row}", flush=True)

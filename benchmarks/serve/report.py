@@ -1,13 +1,14 @@
-"""The serve table from serve_suite.py's records (OUT/serve_<name>.json, OUT/kernels.json).
+"""The serve table from serve_suite.py's records (OUT/serve_<name>.json, OUT/stack.json).
 
     python3 benchmarks/serve/report.py OUT [--json ALL.json]
 
 Per server: greedy tokens against the baseline without the plugin on the same DeepEP tree
-("base" for hybrid-ep, "base_ant" for antgroup-opt; "base" where that did not run),
-bench_serving's median ITL and output
-throughput per concurrency (and the ratio to that baseline, same run), graph capture time and
-memory from SGLang's log, and, for --overlap-gating auto, the selector's decode decisions per mode
-against the graph replays per mode counted by the probe plugin (outside sglang-overlap).
+("base" for sgl-deep-ep, "base_ant" for antgroup-opt; "base" where that did not run),
+bench_serving's median ITL and output throughput per concurrency (and the ratio to that
+baseline, same run), graph capture time and memory from SGLang's log, the plugin's steps per mode
+and SBO producer launches from /metrics, and, for --overlap-gating auto, the selector's decode
+decisions per mode against the graph replays per mode counted by the probe plugin (outside
+sglang-overlap). The planted-bug server (`planted`) passes only if that check FAILS on it.
 
 Token criterion (fp8, random weights): a prompt passes when its greedy ids equal the baseline's,
 or first differ at a position where the baseline's top-2 log-probabilities are within
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 NEAR_TIE = 0.05
-BASELINE = {"hybrid-ep": "base", "antgroup-opt": "base_ant"}
+BASELINE = {"sgl-deep-ep": "base", "antgroup-opt": "base_ant"}
 
 
 def token_verdict(rows: list[dict[str, Any]], base: list[dict[str, Any]]) -> tuple[bool, str]:
@@ -59,10 +60,29 @@ def decisions_vs_replays(rec: dict[str, Any]) -> tuple[bool, str]:
     return ok, " ".join(f"{m} {dec.get(m, 0)}/{rep[m]}" for m in rec["modes"])
 
 
+def metric_counts(rec: dict[str, Any], series: str, label: str) -> dict[str, float]:
+    """Sum of a `sglang_overlap_<series>_total` counter from the record's /metrics lines, by the
+    value of `label`."""
+    out: dict[str, float] = {}
+    for line in rec.get("metrics", []):
+        name, _, rest = line.partition("{")
+        if name != f"sglang_overlap_{series}_total":
+            continue
+        labels, _, value = rest.rpartition("}")
+        key = next((kv.split("=", 1)[1].strip('"') for kv in labels.split(",")
+                    if kv.split("=", 1)[0] == label), "?")
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def fmt_counts(counts: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items())) or "-"
+
+
 def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tuple[str, bool]:
     lines, all_ok = [], True
     if kernels:
-        lines.append("Kernels through the torch 2.11 bridge: " + ", ".join(
+        lines.append("Kernels on the staged stack: " + ", ".join(
             f"{k['check']} {'ok' if k['ok'] else 'FAIL'}"
             + (f" ({k['rel_err']:.1e})" if "rel_err" in k and k["bound"] < 1 else "")
             for k in kernels))
@@ -71,14 +91,14 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
     lines += ["", "| server | DeepEP tree | flags | tokens vs baseline | "
               + " | ".join(f"ITL p50 ms c={c} (x base)" for c in concs)
               + f" | out tok/s c={concs[-1] if concs else '-'} (x base) | graph capture s / GB"
-              " | decode decisions/replays | SBO producer |",
-              "|" + "---|" * (8 + len(concs))]
+              " | steps by mode | decode decisions/replays | SBO producer launches |",
+              "|" + "---|" * (9 + len(concs))]
     for name, r in recs.items():
         base = recs.get(BASELINE.get(r["tree"], "base")) or recs.get("base")
         if "error" in r:
             all_ok = False
             lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags'])} | FAILED: "
-                         f"{r['error'][:160]} |" + " |" * (4 + len(concs)))
+                         f"{r['error'][:160]} |" + " |" * (5 + len(concs)))
             continue
         tok_ok, tok = (True, "baseline") if base is r else (False, "no baseline") if not base \
             or "error" in base else token_verdict(r["tokens_batch"] + r["tokens_single"],
@@ -95,12 +115,18 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
         thr_s = f"{thr:.0f}" + (f" ({thr / bthr:.3f})" if bthr and base is not r else "") \
             if thr else "-"
         cap = " + ".join(f"{c['time_s']:.1f} s / {c['mem_gb']:.2f}" for c in r["capture"]) or "-"
+        sets = (r.get("graphs") or {}).get("captures") or {}
+        if sets:  # graphs captured per set (the probe's labels: "overlap:<mode>", "" = SGLang's)
+            cap += " (" + ", ".join(f"{lab.split(':')[-1] or 'one set'} {n}"
+                                    for lab, n in sorted(sets.items())) + ")"
         dr_ok, dr = decisions_vs_replays(r)
-        producer = next((ln.split("sglang-overlap:", 1)[1].strip()[:70] for ln in r["plugin_log"]
-                         if "producer" in ln), "-")
+        if r.get("planted"):  # the planted bug must be caught by the check
+            dr_ok, dr = not dr_ok, ("caught: " if not dr_ok else "NOT CAUGHT: ") + dr
+        steps = fmt_counts(metric_counts(r, "steps", "mode"))
+        producer = fmt_counts(metric_counts(r, "sbo_producer_launches", "producer"))
         all_ok &= tok_ok and dr_ok
         lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags']) or '-'} | {tok} | "
-                     + " | ".join(cells) + f" | {thr_s} | {cap} | {dr} | {producer} |")
+                     + " | ".join(cells) + f" | {thr_s} | {cap} | {steps} | {dr} | {producer} |")
     return "\n".join(lines), all_ok
 
 
@@ -111,8 +137,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     recs = {json.loads(p.read_text())["name"]: json.loads(p.read_text())
             for p in sorted(args.out.glob("serve_*.json"), key=lambda p: p.stat().st_mtime)}
-    kpath = args.out / "kernels.json"
-    kernels = json.loads(kpath.read_text()) if kpath.is_file() else []
+    spath = args.out / "stack.json"  # stage.sh's checks of the staged stack
+    kernels = json.loads(spath.read_text()).get("kernels", []) if spath.is_file() else []
     text, ok = table(recs, kernels)
     print(text)
     if args.json:

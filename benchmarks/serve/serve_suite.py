@@ -6,11 +6,14 @@ capture time and memory from SGLang's log, graph replays per overlap mode (the b
     python3 benchmarks/serve/serve_suite.py --model DIR --out OUT --servers base,plugin,tbo,...
         [--deadline EPOCH_S] [--concurrency 1,16,64]
 
-Run by `benchmarks/run_gpu.sh serve`, which stages SGLang on the GPU machine and sets the
-environment each server inherits (SERVE_SITE_BASE: SGLang and its dependencies; SERVE_SITE_PLUGIN:
-sglang-overlap installed from its wheel metadata, so SGLang loads it through its entry point;
-SERVE_TREES: DeepEP trees by name). Each server's record goes to OUT/serve_<name>.json as soon as
-it is done; report.py turns the records into the table.
+Run by `benchmarks/run_gpu.sh serve` (benchmarks/serve/run_serve.sh) on the stack
+`benchmarks/serve/stage.sh` staged, which sets the environment each server inherits (PYTHONPATH:
+the users' stack; SERVE_SITE_PLUGIN: sglang-overlap installed from this tree with its entry
+point, so SGLang loads it as users get it; SERVE_SITE_PLANTED: the same with the planted replay
+bug; SERVE_SITE_PROBE: the graph probe, on every server; SERVE_TREES: DeepEP trees by name, ""
+for the stack's sgl-deep-ep). A server whose record exists without an error is not run again.
+Each server's record goes to OUT/serve_<name>.json as soon as it is done; report.py turns the
+records into the table.
 """
 
 from __future__ import annotations
@@ -35,22 +38,28 @@ TBO, SBO = ["--enable-two-batch-overlap"], ["--enable-single-batch-overlap"]
 @dataclass(frozen=True)
 class ServerSpec:
     flags: list[str] = field(default_factory=list)
-    plugin: bool = True  # sglang-overlap installed (SGLang loads it through its entry point)
-    tree: str = "hybrid-ep"  # DeepEP tree: hybrid-ep (per-expert combine), antgroup-opt (per block)
+    site: str | None = "SERVE_SITE_PLUGIN"  # env var naming the plugin install; None: no plugin
+    tree: str = "sgl-deep-ep"  # DeepEP: sgl-deep-ep (per-expert combine), antgroup-opt (per block)
     modes: tuple[str, ...] = ()  # graph sets the plugin captures (--overlap-gating auto)
     env: dict[str, str] = field(default_factory=dict)
+    planted: bool = False  # the planted replay bug: its decisions-vs-replays check must FAIL
 
 
 ANT_ENV = {"DEEPEP_DISABLE_LL_DISPATCH_OPT": "1"}  # its layered LL dispatch needs 8k ranks
+TWO_CHUNK = [*TBO, "--tbo-token-distribution-threshold", "0.48"]
+AUTO_ALL = [*TBO, *SBO, *AUTO]
 SERVERS: dict[str, ServerSpec] = {
-    "base": ServerSpec(plugin=False),
+    "base": ServerSpec(site=None),
     "plugin": ServerSpec(),
     "tbo": ServerSpec(TBO),
+    "two_chunk": ServerSpec(TWO_CHUNK),
     "sbo_expert": ServerSpec(SBO),
-    "auto": ServerSpec([*TBO, *SBO, *AUTO], modes=("tbo", "sbo", "none")),
-    "base_ant": ServerSpec(plugin=False, tree="antgroup-opt", env=ANT_ENV),
     "sbo_block": ServerSpec(SBO, tree="antgroup-opt", env=ANT_ENV),
-    "auto_block": ServerSpec([*TBO, *SBO, *AUTO], tree="antgroup-opt", env=ANT_ENV,
+    "auto": ServerSpec(AUTO_ALL, modes=("tbo", "sbo", "none")),
+    "auto_planted": ServerSpec(AUTO_ALL, site="SERVE_SITE_PLANTED", modes=("tbo", "sbo", "none"),
+                               planted=True),
+    "base_ant": ServerSpec(site=None, tree="antgroup-opt", env=ANT_ENV),
+    "auto_block": ServerSpec(AUTO_ALL, tree="antgroup-opt", env=ANT_ENV,
                              modes=("tbo", "sbo", "none")),
 }
 WORDS = ("The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is "
@@ -60,16 +69,24 @@ PROMPTS = [" ".join(WORDS[(7 * i) % len(WORDS):] + WORDS)[: 40 + 90 * i] for i i
 NEW_TOKENS = 24
 SGLANG_CLI = ("import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
               "sys.exit(main())")
-CAPTURE_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\. "
-                         r"mem usage=([\d.]+) GB\. avail mem=([\d.]+) GB")
+# SGLang 0.5.23's line after each capture (model_runner_components/cuda_graph_setup.py), e.g.
+# "Capture decode cuda graph end. bs=[1, 2], elapsed=3.21 s, mem usage=0.52 GB, avail mem=9.8 GB."
+CAPTURE_END = re.compile(r"Capture (.+?) end\. (?:bs=\[[^\]]*\], )?elapsed=([\d.]+) s, "
+                         r"mem usage=(-?[\d.]+) GB, avail mem=([\d.]+) GB")
+
+
+# One rank: DeepEP's normal (intranode) kernels are built for 2, 4 or 8 ranks, so prefill goes
+# through the low-latency kernels too, whose buffer takes at most TOKENS tokens per rank: the
+# prefill chunk is that size (SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK, set in `run_server`).
+TOKENS = 256
 
 
 def common_flags(model: str, port: int, max_bs: int) -> list[str]:
     return ["--model-path", model, "--host", "127.0.0.1", "--port", str(port), "--tp", "1",
-            "--moe-a2a-backend", "deepep", "--deepep-mode", "auto",
+            "--moe-a2a-backend", "deepep", "--deepep-mode", "low_latency",
             "--attention-backend", "triton", "--cuda-graph-max-bs-decode", str(max_bs),
-            "--disable-prefill-cuda-graph",
-            "--max-running-requests", str(max_bs), "--chunked-prefill-size", "4096",
+            "--disable-prefill-cuda-graph", "--max-running-requests", str(max_bs),
+            "--chunked-prefill-size", str(TOKENS), "--max-prefill-tokens", str(TOKENS),
             "--mem-fraction-static", os.environ.get("SERVE_MEM_FRACTION", "0.8"),
             "--disable-radix-cache", "--enable-metrics", "--trust-remote-code",
             "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}']
@@ -169,14 +186,18 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     out: Path = args.out
     probe_dir = out / f"probe_{name}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    sites = [os.environ["SERVE_SITE_PLUGIN"]] if spec.plugin else []
-    trees = json.loads(os.environ["SERVE_TREES"])
+    sites = [os.environ[spec.site]] if spec.site else []
+    tree = json.loads(os.environ["SERVE_TREES"])[spec.tree]  # "" = the stack's own deep_ep
+    path = [*sites, os.environ["SERVE_SITE_PROBE"], *([tree] if tree else []),
+            os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, **spec.env, "SGLANG_SERVE_PROBE_DIR": str(probe_dir),
-           "PYTHONPATH": os.pathsep.join([*sites, trees[spec.tree], os.environ["SERVE_SITE_BASE"]])}
+           "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(TOKENS),
+           "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     url = f"http://127.0.0.1:{port}"
     flags = [*common_flags(args.model, port, args.max_bs), *spec.flags]
-    rec: dict[str, Any] = {"name": name, "flags": spec.flags, "plugin": spec.plugin,
-                           "tree": spec.tree, "modes": list(spec.modes)}
+    rec: dict[str, Any] = {"name": name, "flags": spec.flags, "plugin": spec.site is not None,
+                           "tree": spec.tree, "modes": list(spec.modes),
+                           "planted": spec.planted}
     log_path = out / f"server_{name}.log"
     t0 = time.time()
     with open(log_path, "wb") as log:
@@ -194,7 +215,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         rec["metrics"] = [line for line in str(http(f"{url}/metrics")).splitlines()
                           if line.startswith(("sglang_overlap", "sglang:num_requests_total",
                                               "sglang:generation_tokens_total"))]
-        rec["gate"] = plugin_table(url) if spec.plugin else None
+        rec["gate"] = plugin_table(url) if spec.site else None
         rec["graphs"] = probe_counts(probe_dir)
     except BaseException as exc:  # the record says what failed; the next server still runs
         rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -202,9 +223,9 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         stop(proc)
         subprocess.run(["pkill", "-9", "-f", f"--port {port}"], check=False)
     text = log_path.read_text(errors="replace")
-    rec["capture"] = [{"time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
-                      for a, b, c in CAPTURE_END.findall(text)]
-    rec["plugin_log"] = [ln for ln in text.splitlines() if "sglang-overlap" in ln][:40]
+    rec["capture"] = [{"what": w, "time_s": float(a), "mem_gb": float(b), "avail_gb": float(c)}
+                      for w, a, b, c in CAPTURE_END.findall(text)]
+    rec["plugin_log"] = [ln for ln in text.splitlines() if "sglang-overlap" in ln][:60]
     rec["log_tail"] = text.splitlines()[-25:] if "error" in rec else []
     rec["wall_s"] = time.time() - t0
     (out / f"serve_{name}.json").write_text(json.dumps(rec, indent=1))
@@ -215,7 +236,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--servers", default="base,plugin,tbo,sbo_expert,auto")
+    ap.add_argument("--servers", default="base,plugin,tbo,two_chunk,sbo_expert,sbo_block,auto")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--max-bs", type=int, default=64)
     ap.add_argument("--start-timeout", type=float, default=420)
@@ -227,6 +248,10 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rc = 0
     for i, name in enumerate(n for n in args.servers.split(",") if n):
+        done = args.out / f"serve_{name}.json"
+        if done.is_file() and "error" not in json.loads(done.read_text()):
+            print(f"[serve] {name}: done by an earlier call", flush=True)
+            continue
         if args.deadline and time.time() > args.deadline - args.min_left:
             print(f"[serve] {name}: skipped (deadline)", flush=True)
             continue

@@ -1,8 +1,7 @@
 """Issue 35's GPU scripts on the CPU: argument parsing, tables and the tuner's file, no GPU.
 
 benchmarks/bench_dg_releases.py (DeepGEMM's own launch as the baseline), benchmarks/
-tune_producer.py (a GPU's producer table) and benchmarks/gpukit/bridge.py (which symbols the
-torch bridge defines).
+tune_producer.py (a GPU's producer table).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import pytest
 
 from benchmarks import bench_dg_releases as bench
 from benchmarks import tune_producer as tune
-from benchmarks.gpukit import bridge
 from sglang_overlap.planning.producer_tables import parse_producer_tables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,11 +116,3 @@ def test_the_tuners_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert "147 patched-kernel instantiations at 132 SMs" in out
     assert {c.store_warp for c in tune.candidates(64)} == {True, False}
     assert not any(c.eager for c in tune.candidates(256))
-
-
-def test_the_bridge_defines_what_deep_gemm_0_2_imports_from_torch_2_14() -> None:
-    symbols = bridge.bridge_symbols()
-    assert len(symbols) == 9 and "torch_exception_get_what" in symbols
-    assert "_ZN3c104cuda19CUDAErrorLogCaptureC1Ev" in symbols
-    assert not any(s.startswith("_ZNR5torch7Library4_defEON3c1014FunctionSchemaEPNS1_12Operator"
-                                "NameERKSt6vectorIN2at3Tag") for s in symbols)  # 2.11's own

@@ -20,12 +20,6 @@ import torch
 from sglang_overlap.planning.sbo_path import CombineForm
 from tests.gpu import memory
 
-if os.environ.get("SGLANG_OVERLAP_TORCH_BRIDGE"):
-    # deep_gemm 0.2.x's _C.so on torch 2.11: the bridge goes in after torch, before deep_gemm
-    # (benchmarks/gpukit; loaded only where torch lacks its symbols)
-    from benchmarks.gpukit.bridge import load_if_needed
-
-    print(load_if_needed())
 
 @pytest.fixture(autouse=True)
 def _gpu_memory(request: pytest.FixtureRequest) -> Any:

@@ -1,14 +1,14 @@
 """GPU: the served patched-DeepGEMM producer against DeepGEMM's own launch of the installed release.
 
-`deep_gemm.fp8_m_grouped_gemm_nt_masked` (its own heuristics and JIT; on torch 2.11 through
-benchmarks/gpukit's bridge, which tests/gpu/conftest.py loads when SGLANG_OVERLAP_TORCH_BRIDGE
-names it) is the reference users compare against; run once per release (benchmarks/run_gpu.sh
-dgown: sgl-deep-gemm 0.2.3.post2 and 0.2.5). DeepSeek-V3 down projection (N 7168, K 2048), E
-8 / 16 / 32, rows 32 / 64 / 128 / 256 (the benchmark's shapes, so DeepGEMM's JIT cache serves
-both), capacity = rows rounded up to 64, masked_m drawn in [0.7, 1.3] x rows with empty experts.
-Per shape and signal form, through `down_gemm.signal_down_gemm` with the served plan and layout:
-the valid rows within DeepGEMM's own tolerance (calc_diff < 1e-3) of its launch and of the
-dequantised fp32 product, no valid row left NaN, every signal at exactly its final value.
+`deep_gemm.fp8_m_grouped_gemm_nt_masked` (its own heuristics and JIT, on the torch 2.14.1 that
+sgl-deep-gemm 0.2.x pins) is the reference users compare against; run once per release
+(benchmarks/run_gpu.sh dgown: sgl-deep-gemm 0.2.3.post2 and 0.2.5). DeepSeek-V3 down
+projection (N 7168, K 2048), E 8 / 16 / 32, rows 32 / 64 / 128 / 256 (the benchmark's shapes,
+so DeepGEMM's JIT cache serves both), capacity = rows rounded up to 64, masked_m drawn in
+[0.7, 1.3] x rows with empty experts. Per shape and signal form, through
+`down_gemm.signal_down_gemm` with the served plan and layout: the valid rows within DeepGEMM's
+own tolerance (calc_diff < 1e-3) of its launch and of the dequantised fp32 product, no valid row
+left NaN, every signal at exactly its final value.
 """
 
 from __future__ import annotations

@@ -349,6 +349,11 @@ def test_served_masked_gemm_is_the_down_gemm_entry(monkeypatch: pytest.MonkeyPat
         seen.append(dict(kw, expected_m=expected_m))
         return down_gemm.choose_signal_path(kw["layout"].num_local_experts, expected_m, 256)
 
+    from collections import Counter
+
+    from sglang_overlap import stats
+
+    monkeypatch.setattr(stats, "_series", {name: Counter() for name in stats.SERIES})
     monkeypatch.setattr(down_gemm, "signal_down_gemm", entry)
     down = _plugin_down_args(expected_m=128)
     got = masked_gemm(lambda *a, **k: "deep_gemm", ("a", "as"), ("b", "bs"), "out", "m",
@@ -357,6 +362,11 @@ def test_served_masked_gemm_is_the_down_gemm_entry(monkeypatch: pytest.MonkeyPat
     assert down.num_sms == 100  # 132 SMs minus the 32 the per-expert send may hold
     assert seen == [{"signal": down.signal, "layout": down.sbo_layout, "compute_num_sms": 100,
                      "expected_m": 128}]
+    ran = down_gemm.choose_signal_path(down.sbo_layout.num_local_experts, 128, 256).path
+    masked_gemm(lambda *a, **k: "deep_gemm", ("a", "as"), ("b", "bs"), "out", "m", 128,
+                overlap_args=down)
+    # the producer that ran, counted per launch (the served producer in /metrics)
+    assert stats.snapshot()["sbo_producer_launches"] == {(ran,): 2}
 
 
 def test_served_masked_gemm_reaches_the_real_entry() -> None:

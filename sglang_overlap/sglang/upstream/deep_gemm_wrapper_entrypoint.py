@@ -4,11 +4,14 @@ deep_gemm accepts the `enable_overlap` / `signal` kwargs SGLang's Hopper path pa
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sglang_overlap.modes import Feature
 from sglang_overlap.planning.sbo_layout import SboLayout
 from sglang_overlap.sglang.hooks import HookSpec
+
+logger = logging.getLogger(__name__)
 
 MASKED_GEMM = "sglang.srt.layers.deep_gemm_wrapper.entrypoint.grouped_gemm_nt_f8f8bf16_masked"
 
@@ -24,13 +27,30 @@ def masked_gemm(orig: Any, lhs: Any, rhs: Any, out: Any, masked_m: Any, expected
     from sglang_overlap.sglang.sbo_decision import note_signal_raised
 
     (a, a_scale), (b, b_scale) = lhs, rhs  # [E, C, K] fp8 + fp32 scales; [E, H, K] fp8 + scales
-    down_gemm.signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, expected_m,
-                               signal=overlap_args.signal, layout=layout,
-                               compute_num_sms=overlap_args.num_sms)
+    plan = down_gemm.signal_down_gemm(a, a_scale, b, b_scale, out, masked_m, expected_m,
+                                      signal=overlap_args.signal, layout=layout,
+                                      compute_num_sms=overlap_args.num_sms)
     note_signal_raised(overlap_args.signal)  # launched: the combine send may now spin on it
+    _note_producer(plan)
     if layout.granularity == "block":
         return layout.block_m, layout.expect_value
     return None  # per expert: the combine needs no block_m / threshold
+
+
+_logged: set[str] = set()
+
+
+def _note_producer(plan: Any) -> None:
+    """Count the producer that ran (`stats` series sbo_producer_launches: the served producer
+    is evidence, not a claim); log it the first time each producer runs in this process."""
+    from sglang_overlap import stats
+
+    path = str(getattr(plan, "path", "unknown"))
+    stats.add("sbo_producer_launches", path)
+    if path not in _logged:
+        _logged.add(path)
+        logger.info("sglang-overlap SBO down GEMM: producer %s ran (%s)", path,
+                    getattr(plan, "why", ""))
 
 
 HOOKS: tuple[HookSpec, ...] = (

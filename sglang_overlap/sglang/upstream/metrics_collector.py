@@ -46,6 +46,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
                          "(or being an exploration) differs from the phase's last step."),
     "explored_steps": ("gate_explored_steps", "--overlap-gating auto: steps run to measure "
                        "a mode."),
+    "sbo_producer_launches": ("sbo_producer_launches", "SBO down GEMMs issued by the host, by "
+                              "the producer that ran (deepgemm, fused, sliced); a CUDA graph "
+                              "counts once, at capture."),
 }
 INFO_LABELS = ("sbo_path", "sbo_producer", "deep_gemm_version", "deep_ep_version", "guard")
 TABLE_LABELS = ("phase", "bucket", "mode")

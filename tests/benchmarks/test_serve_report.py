@@ -1,0 +1,85 @@
+"""benchmarks/serve/report.py on hand-made records: the token criterion, decisions against
+replays (and the planted-bug server, which passes only when that check fails), /metrics parsing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.serve import report
+
+
+def rec(name: str, *, ids: list[int], top2: list[list[list[float]]] | None = None,
+        modes: tuple[str, ...] = (), decisions: dict[str, int] | None = None,
+        replays: dict[str, int] | None = None, planted: bool = False,
+        metrics: list[str] | None = None) -> dict[str, Any]:
+    top2 = top2 or [[[-0.1, i], [-3.0, i + 1]] for i in ids]
+    row = {"ids": ids, "top2": top2}
+    return {"name": name, "flags": [], "tree": "sgl-deep-ep", "modes": list(modes),
+            "planted": planted, "tokens_batch": [row], "tokens_single": [row],
+            "bench": {"1": {"median_itl_ms": 2.0, "output_throughput": 100.0}},
+            "capture": [{"time_s": 3.0, "mem_gb": 0.5, "avail_gb": 10.0}],
+            "gate": {"counters": {"decisions": [["decode", m, n]
+                                                for m, n in (decisions or {}).items()]}},
+            "graphs": {"replays": {f"overlap:{m}": n for m, n in (replays or {}).items()}},
+            "metrics": metrics or [], "plugin_log": []}
+
+
+def test_tokens_equal_near_tie_and_different() -> None:
+    base = [{"ids": [1, 2, 3], "top2": [[[-0.1, 1], [-2, 9]], [[-0.50, 2], [-0.52, 7]],
+                                         [[-0.1, 3], [-2, 8]]]}]
+    assert report.token_verdict([{"ids": [1, 2, 3]}], base) == (True, "1/1 equal")
+    ok, text = report.token_verdict([{"ids": [1, 7, 5]}], base)  # the runner-up of a near tie
+    assert ok and "near-tie p0@1" in text
+    ok, text = report.token_verdict([{"ids": [1, 2, 8]}], base)  # a 1.9-nat gap: a real change
+    assert not ok and "DIFFERENT p0@2" in text
+
+
+def test_decisions_against_replays() -> None:
+    good = rec("auto", ids=[1], modes=("tbo", "none"), decisions={"tbo": 2, "none": 5},
+               replays={"tbo": 2, "none": 5})
+    assert report.decisions_vs_replays(good) == (True, "tbo 2/2 none 5/5")
+    bad = rec("auto", ids=[1], modes=("sbo", "none"), decisions={"sbo": 1, "none": 5},
+              replays={"sbo": 3, "none": 3})
+    assert report.decisions_vs_replays(bad)[0] is False
+    nothing = rec("auto", ids=[1], modes=("sbo",), decisions={}, replays={})
+    assert report.decisions_vs_replays(nothing)[0] is False  # no replay at all proves nothing
+
+
+def test_planted_server_passes_only_when_caught() -> None:
+    base = rec("base", ids=[1, 2])
+    caught = rec("auto_planted", ids=[1, 2], modes=("sbo", "none"), planted=True,
+                 decisions={"sbo": 1, "none": 5}, replays={"sbo": 4, "none": 2})
+    text, ok = report.table({"base": base, "auto_planted": caught}, [])
+    assert ok and "caught: sbo 1/4 none 5/2" in text
+    missed = rec("auto_planted", ids=[1, 2], modes=("sbo", "none"), planted=True,
+                 decisions={"sbo": 1, "none": 5}, replays={"sbo": 1, "none": 5})
+    text, ok = report.table({"base": base, "auto_planted": missed}, [])
+    assert not ok and "NOT CAUGHT" in text
+
+
+def test_metrics_by_label() -> None:
+    lines = ['sglang_overlap_steps_total{model_name="/m",phase="decode",mode="sbo",'
+             'runner="graph"} 12.0',
+             'sglang_overlap_steps_total{model_name="/m",phase="prefill",mode="sbo",'
+             'runner="eager"} 3.0',
+             'sglang_overlap_steps_total{model_name="/m",phase="decode",mode="none",'
+             'runner="graph"} 4.0',
+             'sglang_overlap_sbo_producer_launches_total{model_name="/m",producer="deepgemm"} 7.0',
+             'sglang_overlap_steps_created{model_name="/m",phase="decode",mode="sbo"} 1.7e9']
+    r = rec("sbo", ids=[1], metrics=lines)
+    assert report.metric_counts(r, "steps", "mode") == {"sbo": 15.0, "none": 4.0}
+    assert report.metric_counts(r, "sbo_producer_launches", "producer") == {"deepgemm": 7.0}
+    text, ok = report.table({"base": rec("base", ids=[1]), "sbo": r}, [])
+    assert ok and "| none 4 sbo 15 |" in text and "| deepgemm 7 |" in text
+
+
+def test_capture_line_of_the_supported_sglang() -> None:
+    """The regex against the line SGLang 0.5.23 logs (cuda_graph_setup.py's f-strings)."""
+    from benchmarks.serve.serve_suite import CAPTURE_END
+
+    decode = ("[2026-12-06 21:00:01] Capture decode cuda graph end. bs=[1, 2, 4, 8], "
+              "elapsed=12.34 s, mem usage=1.25 GB, avail mem=9.87 GB.")
+    prefill = "Capture prefill CUDA graph end. elapsed=0.50 s, mem usage=0.10 GB, avail mem=9.7 GB."
+    assert CAPTURE_END.findall(decode) == [("decode cuda graph", "12.34", "1.25", "9.87")]
+    assert CAPTURE_END.findall(prefill) == [("prefill CUDA graph", "0.50", "0.10", "9.7")]
+    assert not CAPTURE_END.findall("Capture cuda graph end. Time elapsed: 1.0 s. mem usage=1 GB")
