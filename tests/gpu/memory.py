@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total-gib", type=float, default=None,
                     help="the card's memory (default: CUDA device 0's)")
     ap.add_argument("files", nargs="*", type=Path,
-                    help="test files (default: every tests/gpu/test_*.py)")
+                    help="test files (default: every tests/gpu/test_*.py marked gpu)")
     args = ap.parse_args(argv)
     total = args.total_gib if args.total_gib is not None else _device_total_gib()
-    files = args.files or sorted(HERE.glob("test_*.py"))
+    files = args.files or [f for f in sorted(HERE.glob("test_*.py"))
+                           if "pytest.mark.gpu," in f.read_text("utf-8")]  # GPU files only
     for path, need, n in plan(total, files):
         xdist = f"-n {n} " if n > 1 else ""
         print(f"{path.name}: gpu_mem {need:g} GiB, {n} worker{'s' * (n > 1)} on {total:.0f} "
