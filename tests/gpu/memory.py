@@ -98,6 +98,17 @@ def _marker_gib(node: ast.expr) -> float | None:
     return None
 
 
+def is_gpu_file(path: Path) -> bool:
+    """Whether `path`'s module-level pytestmark holds `pytest.mark.gpu`."""
+    for node in ast.parse(path.read_text("utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, ast.List | ast.Tuple) else [
+                node.value]
+            return any(ast.unparse(v).endswith("mark.gpu") for v in values)
+    return False
+
+
 def file_max_workers(path: Path) -> int:
     """`path`'s module-level `MAX_WORKERS = N`, else MAX_WORKERS."""
     for node in ast.parse(path.read_text("utf-8")).body:
@@ -149,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="test files (default: every tests/gpu/test_*.py marked gpu)")
     args = ap.parse_args(argv)
     total = args.total_gib if args.total_gib is not None else _device_total_gib()
-    files = args.files or [f for f in sorted(HERE.glob("test_*.py"))
-                           if "pytest.mark.gpu," in f.read_text("utf-8")]  # GPU files only
+    files = args.files or [f for f in sorted(HERE.glob("test_*.py")) if is_gpu_file(f)]
     for path, need, n in plan(total, files):
         xdist = f"-n {n} " if n > 1 else ""
         print(f"{path.name}: gpu_mem {need:g} GiB, {n} worker{'s' * (n > 1)} on {total:.0f} "

@@ -65,6 +65,11 @@ def test_file_need_and_max_workers(tmp_path: Path, source: str, need: float, mos
 
 def test_the_gpu_files_plan(capsys: pytest.CaptureFixture[str]) -> None:
     here = Path(memory.__file__).parent
+    assert memory.is_gpu_file(here / "test_sbo_layer.py")
+    assert not memory.is_gpu_file(here / "test_memory.py")  # this file: CPU only
+    assert memory.main(["--total-gib", "79.2"]) == 0
+    listed = capsys.readouterr().out
+    assert "test_sbo_layer.py" in listed and "test_memory.py" not in listed, listed
     assert memory.file_need(here / "test_deepgemm_signal.py") == 38
     assert memory.file_max_workers(here / "test_sbo_layer.py") == 1
     assert memory.main(["--total-gib", "79.2", str(here / "test_deepgemm_signal.py")]) == 0
