@@ -330,7 +330,9 @@ def parse_shapes(spec: str | None) -> list[tuple[int, int, int]]:
         return []
     if not spec:
         return default_shapes()
-    return [tuple(int(x) for x in sh.split("x")) for sh in spec.split(",")]  # type: ignore
+    from benchmarks.gpu_suite import parse_shapes as parse
+
+    return parse(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,7 +159,8 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
     none, tbo = r.target("none"), r.target("tbo")
     tput = {t.label: [x["output_throughput"] for x in t.rounds] for t in r.phases[0]}
     best_fixed = max(("none", "tbo"), key=lambda k: sum(tput[k]))
-    rows, data = [], {"best_fixed": best_fixed, "servers": {}}
+    rows: list[tuple[str, dict[str, Any], str]] = []
+    data: dict[str, Any] = {"best_fixed": best_fixed, "servers": {}}
     for phase in r.phases:
         ref = next(t for t in phase if t.label == (best_fixed if phase is r.phases[0] else "none"))
         for t in phase:
@@ -259,8 +260,7 @@ def main() -> int:
                    help="decode through SGLang's DecodeCudaGraphRunner (the kit's stand-in graph "
                         "backend) in every server")
     a = p.parse_args()
-    sys.path.insert(0, str(REPO / "tests" / "e2e"))
-    from servers import Server  # the e2e tests' server wrapper
+    from tests.e2e.servers import Server  # the e2e tests' server wrapper
 
     env = _kit_env()
     with tempfile.TemporaryDirectory(prefix="bench-gating-") as tmp:

@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import gating_trace as gt  # noqa: E402
 from sglang_overlap.cli.bench_stats import round_orders  # noqa: E402
+from sglang_overlap.modes import Mode  # noqa: E402
 
 SIZES = (1, 4, 16, 32, 64, 128, 256)
 CONFIGS = (("none",), ("tbo",), ("sbo",), ("tbo", "none"), ("tbo", "sbo", "none"))
@@ -173,7 +174,7 @@ def selector_rounds(graphs: dict, trace: list[int], sizes: tuple[int, ...], roun
     for order in round_orders(len(policies), rounds):
         for i in order:
             p = policies[i]
-            rt = gt.new_runtime(frozenset({"tbo", "sbo"})) if p == "auto" else None
+            rt = gt.new_runtime(frozenset({Mode.TBO, Mode.SBO})) if p == "auto" else None
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             res = gt.run_policy(p, trace, sizes, keys, make_replay(graphs), rt)

@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_one:
         warm(*(int(x) for x in args.warm_one.split(",")))
         return 0
-    todo = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")] \
-        if args.shapes else shapes([int(x) for x in args.experts.split(",")])
-    from benchmarks.gpu_suite import measure_shapes, run_in_processes
+    from benchmarks.gpu_suite import measure_shapes, parse_shapes, run_in_processes
+
+    todo = parse_shapes(args.shapes) if args.shapes else shapes(
+        [int(x) for x in args.experts.split(",")])
 
     # DeepGEMM JIT in parallel (nvcc), then every shape timed in this process
     run_in_processes([sys.executable, str(Path(__file__).resolve()), "--warm-one"],

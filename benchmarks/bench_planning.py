@@ -26,8 +26,9 @@ import statistics
 import time
 from collections.abc import Callable
 
+from sglang_overlap.modes import Mode, Phase
 from sglang_overlap.planning import two_batch
-from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior
+from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior, Prior
 from sglang_overlap.planning.cost.profiles import Deployment, load_hardware, load_model
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.planning.step_table import StepTable, cell_index
@@ -117,8 +118,8 @@ def prefill_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
 def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
     """One gated step: decide, record the step's time, merge every SYNC_STEPS steps."""
     rng = random.Random(seed)
-    enabled = frozenset({"tbo", "sbo", "two_chunk"})
-    priors = {
+    enabled = frozenset({Mode.TBO, Mode.SBO, Mode.TWO_CHUNK})
+    priors: dict[str, Prior] = {
         "cost-model prior": CostModelPrior(load_model("deepseek-v3"), load_hardware("H200"),
                                            Deployment(), enabled),
         "flat prior": FlatPrior(enabled),
@@ -129,8 +130,8 @@ def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
         gate = ModeSelector(prior, SelectorConfig())
         local = StepTable()
         for tokens in loads:  # warm the prior's cache and the table
-            d = gate.decide("decode", tokens)
-            local.add(cell_index("decode", d.bucket, d.mode), 20000.0)
+            d = gate.decide(Phase.DECODE, tokens)
+            local.add(cell_index(Phase.DECODE, d.bucket, d.mode), 20000.0)
         state = {"i": 0}
 
         touched: dict[int, None] = {}
@@ -138,8 +139,8 @@ def gate_rows(repeat: int, seed: int) -> list[tuple[str, float]]:
         def step(gate: ModeSelector = gate, local: StepTable = local,
                  touched: dict[int, None] = touched, state: dict[str, int] = state) -> None:
             i = state["i"] = state["i"] + 1
-            d = gate.decide("decode", loads[i % len(loads)])
-            cell = cell_index("decode", d.bucket, d.mode)
+            d = gate.decide(Phase.DECODE, loads[i % len(loads)])
+            cell = cell_index(Phase.DECODE, d.bucket, d.mode)
             local.add(cell, 20000.0 + i % 7)
             touched[cell] = None
             if i % SYNC_STEPS == 0:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -141,22 +142,15 @@ def _time_us(fn: Callable[[], Any], repeats: int = 50) -> float:
 def _masked_gemm_fn(e: int, m: int, n: int, k: int) -> Callable[[], Any]:
     import torch
 
+    from sglang_overlap.kernels.deepgemm import masked_gemm  # knows each DeepGEMM release's API
     from sglang_overlap.kernels.fp8 import quant_per_block, quant_per_token_group
 
-    try:  # the plugin's backend module, when present, knows the installed DeepGEMM's API
-        from sglang_overlap.kernels import deepgemm as backend  # type: ignore[attr-defined]
-
-        masked: Callable[..., Any] = backend.grouped_gemm_fp8_masked
-    except (ImportError, AttributeError):
-        import deep_gemm
-
-        masked = (getattr(deep_gemm, "fp8_m_grouped_gemm_nt_masked", None)  # 0.2.x
-                  or deep_gemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked)  # 0.1.x
-    x = quant_per_token_group(torch.randn(e, m, k, device="cuda"))
-    w = quant_per_block(torch.randn(e, n, k, device="cuda"))
-    out = torch.empty(e, m, n, device="cuda", dtype=torch.bfloat16)
+    capacity = -(-m // 64) * 64  # DeepGEMM's masked GEMM runs on capacities of 64 rows
+    a, a_scale = quant_per_token_group(torch.randn(e, capacity, k, device="cuda"))
+    b, b_scale = quant_per_block(torch.randn(e, n, k, device="cuda"))
+    out = torch.empty(e, capacity, n, device="cuda", dtype=torch.bfloat16)
     masked_m = torch.full((e,), m, device="cuda", dtype=torch.int32)
-    return lambda: masked(x, w, out, masked_m, m)
+    return lambda: masked_gemm(a, a_scale, b, b_scale, out, masked_m, m)
 
 
 def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -187,7 +181,7 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             send = torch.empty(size * world, dtype=torch.uint8, device="cuda")
             recv = torch.empty_like(send)
             points.append((float(size * (world - 1)),
-                           _time_us(lambda s=send, r=recv: dist.all_to_all_single(r, s), 20)))
+                           _time_us(functools.partial(dist.all_to_all_single, recv, send), 20)))
         inter = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         measured.update(fit_a2a(points, base, inter))
     return measured, notes

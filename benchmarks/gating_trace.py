@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_overlap.cli.bench_stats import paired_ratio
+from sglang_overlap.modes import Mode, Phase
 from sglang_overlap.planning.cost.prior import FlatPrior
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.planning.two_batch import ForwardKind, split_overlaps
@@ -70,15 +71,15 @@ def padded_size(bs: int, sizes: Sequence[int]) -> int:
     return min(fits)
 
 
-def available(bs: int, padded: int, graphs: frozenset[tuple[str, int]]) -> frozenset[str]:
+def available(bs: int, padded: int, graphs: frozenset[tuple[str, int]]) -> frozenset[Mode]:
     """The overlap modes a step of `bs` sequences can replay (none always can)."""
-    out = {"sbo"} if ("sbo", padded) in graphs else set()
-    if split_overlaps(ForwardKind.DECODE, bs) and ("tbo", padded) in graphs:
-        out.add("tbo")
+    out = {Mode.SBO} if (Mode.SBO, padded) in graphs else set()
+    if split_overlaps(ForwardKind.DECODE, bs) and (Mode.TBO, padded) in graphs:
+        out.add(Mode.TBO)
     return frozenset(out)
 
 
-def new_runtime(modes: frozenset[str], config: SelectorConfig | None = None,
+def new_runtime(modes: frozenset[Mode], config: SelectorConfig | None = None,
                 sync_steps: int = 16) -> SelectorRuntime:
     """The server's selector with a flat prior (measured replay times alone decide)."""
     selector = ModeSelector(FlatPrior(modes, "graph-set benchmark"), config)
@@ -116,14 +117,14 @@ def run_policy(policy: str, trace: Sequence[int], sizes: Sequence[int],
     for bs in trace:
         padded = padded_size(bs, sizes)
         can = available(bs, padded, graphs)
-        explored, cell = False, None
+        explored, cell, mode = False, None, Mode.NONE
         if runtime is not None and policy == "auto":
             runtime.tick()
-            decision = runtime.decide("decode", [bs], can)
+            decision = runtime.decide(Phase.DECODE, [bs], can)
             cell = runtime.timed_cell(decision)
             mode, explored = decision.mode, decision.explored
         else:
-            mode = policy if policy in can else "none"
+            mode = Mode(policy) if policy in can else Mode.NONE
         start, end = replay(mode, padded)
         if cell is not None and runtime is not None:
             runtime.push_events(cell, start, end)

@@ -12,6 +12,7 @@ microseconds; every expert full (masked_m = M), like the GPU.md baseline.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -35,7 +36,7 @@ LARGE_M = ((128, 128, 8, 3, 1, 1), (128, 128, 8, 4, 2, 1), (64, 128, 8, 4, 2, 1)
            (64, 128, 8, 3, 3, 1), (128, 64, 8, 4, 2, 1), (128, 64, 4, 4, 2, 1))
 
 
-def capture_graph(fn: Callable[[], None]):
+def capture_graph(fn: Callable[[], object]):
     """`fn` run 3 times on a side stream (JIT, loads), then captured in a CUDA graph."""
     import torch
 
@@ -64,8 +65,26 @@ def run_in_processes(argv: list[str], jobs: list[str], workers: int) -> None:
             proc.wait()
 
 
+def parse_ints(spec: str, what: str) -> list[tuple[int, ...]]:
+    """A `--shapes` value "8x64x32,16x128" -> [(8, 64, 32), ...], each with as many numbers as
+    `what` names ("E x C x rows"); a malformed entry ends the run naming it."""
+    arity = len(what.split(" x "))
+    out = []
+    for item in spec.split(","):
+        parts = item.strip().split("x")
+        if len(parts) != arity or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"--shapes: {item!r} is not {what} (e.g. {'x'.join(['8'] * arity)})")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def parse_shapes(spec: str) -> list[tuple[int, int, int]]:
+    """`--shapes` "ExCxROWS,..." -> [(E, C, rows)]."""
+    return [(e, c, r) for e, c, r in parse_ints(spec, "E x C x rows")]
+
+
 def measure_shapes(shapes: list[tuple[int, int, int]], measure: Callable[..., dict],
-                   save: Callable[[list[dict]], None] | None = None,
+                   save: Callable[[list[dict]], object] | None = None,
                    error_chars: int = 400) -> list[dict]:
     """`measure(e, c, rows)` for every (E, C, rows), one JSON line each; a shape that raises is
     reported (`error`), not fatal. `save(results so far)` after every shape."""
@@ -82,7 +101,7 @@ def measure_shapes(shapes: list[tuple[int, int, int]], measure: Callable[..., di
     return results
 
 
-def graph_time_us(fn: Callable[[], None], trials: int = 7, replays: int = 20) -> float:
+def graph_time_us(fn: Callable[[], object], trials: int = 7, replays: int = 20) -> float:
     import torch
 
     graph = capture_graph(fn)
@@ -152,15 +171,15 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
     # fused Triton kernel: sweep tile configs with the per-expert signal
     best: tuple[float, SignalGemmConfig] | None = None
     best_persistent: tuple[float, SignalGemmConfig] | None = None
-    sweep = {}
+    sweep: dict[str, float | str] = {}
     for bm, bn, warps, stages, ctas, unroll in SMALL_M if m <= 64 else LARGE_M:
         cfg = SignalGemmConfig(bm, bn, warps, stages, ctas, unroll)
         lay = layout(cfg, "expert")
         sig = new_signal(lay, "cuda")
         try:
-            t = graph_time_us(lambda c=cfg, s=sig, la=lay: grouped_gemm_fp8_signal(
-                a, a_s, b, b_s, masked, out, config=c, signal=s, layout=la,
-                num_programs=c.programs(sms)))
+            t = graph_time_us(functools.partial(
+                grouped_gemm_fp8_signal, a, a_s, b, b_s, masked, out, config=cfg, signal=sig,
+                layout=lay, num_programs=cfg.programs(sms)))
         except Exception as exc:  # a config the compiler rejects (shared memory) is skipped
             sweep[str((bm, bn, warps, stages, ctas, unroll))] = repr(exc)[:80]
             continue
@@ -191,10 +210,9 @@ def run_shape(e: int, m: int, comm_sms: int) -> dict:
     for name, size, streams in (("dg_sliced1_us", 1, 1), ("dg_slicedq_us", max(1, e // 4), 1),
                                 ("dg_slicedh_us", max(1, e // 2), 1),
                                 ("dg_slicedq2_us", max(1, e // 4), 2)):
-        sliced = signal_sliced.sliced_masked_gemm_signal
-        res[name] = graph_time_us(lambda s=size, st=streams, f=sliced: f(
-            a, a_s, b, b_s, out, masked, m, signal=sig_x, layout=lay_x, slice_experts=s,
-            streams=st))
+        res[name] = graph_time_us(functools.partial(
+            signal_sliced.sliced_masked_gemm_signal, a, a_s, b, b_s, out, masked, m,
+            signal=sig_x, layout=lay_x, slice_experts=size, streams=streams))
     # overlap needs units that finish in order: the best persistent grid
     res.update(_overlap(e, m, comm_sms, best_persistent[1], a, a_s, b, b_s, masked, out, layout,
                         combine_consume, combine_reference, grouped_gemm_fp8_signal, new_signal,

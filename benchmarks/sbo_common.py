@@ -7,10 +7,12 @@ import os
 import socket
 from typing import Any
 
+from sglang_overlap.planning.sbo_path import CombineForm
+
 N_MAX, HIDDEN, E_LOCAL_MAX = 256, 7168, 32
 BENCH_SHAPES = [(e, t) for e in (8, 16, 32) for t in (1, 16, 64, 128, 256)]
 TEST_SHAPES = [(e, t) for e in (8, 16, 32) for t in (1, 64, 256)] + [(16, 128), (8, 32)]
-FORMS = ("per_expert", "per_block")
+FORMS: tuple[CombineForm, ...] = ("per_expert", "per_block")
 
 
 def env_defaults() -> None:

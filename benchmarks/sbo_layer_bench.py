@@ -24,12 +24,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.sbo_common import BENCH_SHAPES, N_MAX, TEST_SHAPES, init, routing, use  # noqa
 
-MODES = ("serial", "shared", "sbo")
+MODES: tuple[Literal["serial", "shared", "sbo"], ...] = ("serial", "shared", "sbo")
 
 
 class _Eager(Exception):
@@ -99,9 +101,8 @@ def bench_shape(ctx: dict, e: int, t: int) -> dict:
         res["signal_path"] = choose_signal_path(e, shape.expected_m(t), shape.capacity).path
     layer.watchdog_s = None  # host waits cannot be captured
     for m in MODES:
-        res[f"{m}_us"], res[f"{m}_how"] = timed(lambda m=m: layer.forward(x, idx, w, mode=m))
-        res[f"{m}_eager_us"], _ = timed(lambda m=m: layer.forward(x, idx, w, mode=m),
-                                        graph=False)
+        res[f"{m}_us"], res[f"{m}_how"] = timed(partial(layer.forward, x, idx, w, mode=m))
+        res[f"{m}_eager_us"], _ = timed(partial(layer.forward, x, idx, w, mode=m), graph=False)
     pending, hook = layer.dispatch_send(x, idx)
     hook()
     d = layer.dispatched(pending)

@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         print(show(Path(args.show)))
         return 0
+    from benchmarks.gpu_suite import parse_ints
+
     shapes = [(e, m) for e in EXPERTS for m in ROWS] if not args.shapes else [
-        tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        (e, m) for e, m in parse_ints(args.shapes, "E x rows")]
     jobs = instantiations(shapes, args.sms)
     if args.dry_run:
         for e, m in shapes:

@@ -23,6 +23,8 @@ under any other, and the `sglang` extra pins exactly this. The package writes th
 only; everything else formats this constant in."""
 SGLANG_DEEP_GEMM = "0.2.3.post2"
 """The sgl-deep-gemm release that `SUPPORTED_SGLANG` pins."""
+SGLANG_TRITON = "3.8.0"
+"""The triton release `SUPPORTED_SGLANG` installs (its torch pins it)."""
 
 
 def patched_deep_gemm_versions() -> tuple[str, ...]:
@@ -108,8 +110,11 @@ def _patched_dg() -> Requirement:
 
 _NVCC = Requirement("nvcc (the patched kernel is JIT-compiled)", lambda s: s.nvcc,
                     "install the CUDA toolkit's nvcc and set CUDA_HOME")
-_TRITON = Requirement("triton (the plugin's Triton signal GEMM)", lambda s: s.triton,
-                      "pip install triton")
+def _triton() -> Requirement:
+    from sglang_overlap.kernels.triton_versions import oldest_building
+
+    return Requirement(f"triton {oldest_building('sliced')} or later (the plugin's Triton "
+                       "signal GEMM)", lambda s: s.triton, f"pip install triton=={SGLANG_TRITON}")
 _DEEP_EP = Requirement("deep_ep installed", lambda s: s.deep_ep is not None,
                        f"pip install {PINNED_DEEP_EP}")
 _PER_EXPERT = _form("per_expert", f"pip install {PINNED_DEEP_EP}")
@@ -126,16 +131,16 @@ def rows() -> tuple[Row, ...]:
     return (
         Row("sm90-per-block", "Hopper (SM90)", "DeepEP antgroup-opt build", dg, "yes", "deepep",
             "fine_grained", "patched DeepGEMM", deepep_flags,
-            (*hopper, _PER_BLOCK, _patched_dg(), _NVCC, _TRITON)),
+            (*hopper, _PER_BLOCK, _patched_dg(), _NVCC, _triton())),
         Row("sm90-patched-deepgemm", "Hopper (SM90)", "sgl-deep-ep 0.1.2.post1", dg, "yes",
             "deepep", "per_expert", "patched DeepGEMM (fast path)", deepep_flags,
-            (*hopper, _PER_EXPERT, _patched_dg(), _NVCC, _TRITON)),
+            (*hopper, _PER_EXPERT, _patched_dg(), _NVCC, _triton())),
         Row("sm90-per-block-triton", "Hopper (SM90)", "DeepEP antgroup-opt build", "other versions",
             "any", "deepep", "fine_grained", "Triton (or DeepGEMM slices)", deepep_flags,
-            (*hopper, _PER_BLOCK, _TRITON)),
+            (*hopper, _PER_BLOCK, _triton())),
         Row("sm90-triton", "Hopper (SM90)", "sgl-deep-ep 0.1.2.post1", "other versions",
             "any", "deepep", "per_expert", "Triton (or DeepGEMM slices)", deepep_flags,
-            (*hopper, _PER_EXPERT, _TRITON)),
+            (*hopper, _PER_EXPERT, _triton())),
         Row("sm90-no-signal", "Hopper (SM90)", "no overlap form", "any", "any", "deepep",
             "shared_expert_only", "none", "all but --sbo-down-gemm-overlap force and "
             "--sbo-signal-granularity expert or block", (*hopper, _DEEP_EP)),

@@ -31,6 +31,7 @@ from sglang_overlap.kernels.capabilities import (
     package_dir,
     probe,
 )
+from sglang_overlap.kernels.producers import sbo_producers
 from sglang_overlap.modes import Mode
 from sglang_overlap.settings import OverlapSettings, SettingsError, validate_settings
 
@@ -169,6 +170,9 @@ def _kernels_section(report: ProbeReport, errors: dict[str, str | None]) -> dict
                    f"headers and nvcc would build it: {why})")
     out["plugin_patched_deepgemm"] = {"available": why_not is None, "deep_gemm": version,
                                       "reason": why_not or why}
+    out["triton_version"] = report.triton_version
+    out["sbo_producer"] = sbo_producers(why_not, triton_installed=report.triton,
+                                        triton_version=report.triton_version).to_dict()
     return out
 
 
@@ -279,8 +283,8 @@ def _compat(report: ProbeReport, out: dict[str, Any],
     caps = report.capabilities
     stack = Stack(arch=caps.arch, sglang=out["sglang"]["version"], deep_ep=caps.deep_ep_version,
                   deep_ep_forms=caps.deep_ep_combine_forms, deep_gemm=caps.deep_gemm_version,
-                  nvcc=nvcc, triton=report.triton)
-    verdict = evaluate(stack).to_dict()
+                  nvcc=nvcc, triton=report.triton and report.triton_problem is None)
+    verdict: dict[str, Any] = evaluate(stack).to_dict()
     patched = out["kernels"]["plugin_patched_deepgemm"]
     if verdict["fast_path"] == "sm90-patched-deepgemm" and verdict["fast_path_serves"] \
             and not patched["available"]:  # e.g. the installed header is not the patched one

@@ -38,6 +38,7 @@ def render(out: dict[str, Any]) -> str:
         "  plugin signal GEMM (DeepGEMM's kernel, patched): "
         + ("yes" if k["plugin_patched_deepgemm"]["available"] else "no")
         + f" ({k['plugin_patched_deepgemm']['reason']})",
+        f"  SBO down-GEMM producer (triton {k['triton_version']}): {k['sbo_producer']['serves']}",
     ]
     lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]
     sbo = out[Mode.SBO]

@@ -16,7 +16,7 @@ from typing import Any
 from sglang_overlap.modes import PHASES, Mode
 
 BAR_ORDER = (Mode.NONE, Mode.TBO, Mode.TWO_CHUNK, Mode.SBO)  # in each bucket
-_COLORS = {Mode.NONE: "#7F7F7F", Mode.TBO: "#4C78A8", Mode.TWO_CHUNK: "#F58518",
+_COLORS: dict[str, str] = {Mode.NONE: "#7F7F7F", Mode.TBO: "#4C78A8", Mode.TWO_CHUNK: "#F58518",
            Mode.SBO: "#54A24B"}
 
 
@@ -46,20 +46,24 @@ def plot_data(table: dict[str, Any]) -> list[PhasePlot]:
             continue
         spans = sorted({tuple(r["tokens"]) for r in rows})
         index = {span: i for i, span in enumerate(spans)}
-        modes = [m for m in BAR_ORDER if any(r["mode"] == m for r in rows)]
+        modes: list[str] = [m for m in BAR_ORDER if any(r["mode"] == m for r in rows)]
         modes += sorted({r["mode"] for r in rows} - set(modes))
         ms: dict[str, list[float | None]] = {m: [None] * len(spans) for m in modes}
         count = {m: [0] * len(spans) for m in modes}
         for r in rows:
             i = index[tuple(r["tokens"])]
             ms[r["mode"]][i], count[r["mode"]][i] = float(r["mean_ms"]), int(r["count"])
-        chosen = tuple(min((m for m in modes if ms[m][i] is not None),
-                           key=lambda m, i=i: ms[m][i])  # type: ignore[arg-type, return-value]
-                       for i in range(len(spans)))
+        chosen = tuple(_fastest(ms, modes, i) for i in range(len(spans)))
         out.append(PhasePlot(phase, tuple(bucket_label(*s) for s in spans),
                              {m: tuple(v) for m, v in ms.items()},
                              {m: tuple(v) for m, v in count.items()}, chosen))
     return out
+
+
+def _fastest(ms: dict[str, list[float | None]], modes: list[str], i: int) -> str:
+    """The mode with the least mean step time in bucket i (the first of `modes` on a tie)."""
+    measured = {m: v for m in modes if (v := ms[m][i]) is not None}
+    return min(measured, key=measured.__getitem__)
 
 
 def draw_gate(table: dict[str, Any], path: str | Path, title: str = "") -> Path:

@@ -16,6 +16,8 @@ Where things are:
                          signal patch of the installed release, JIT-built, driver-launched
     signal_fused.py      SignalPlan.path "fused": the Triton fp8 masked GEMM raising signals
     signal_sliced.py     SignalPlan.path "sliced": DeepGEMM per expert slice + signal stores
+    triton_versions.py   which triton releases build the plugin's Triton kernels (a table)
+    producers.py         which SBO producer serves here, in one line (check, start-up log)
     deepgemm.py          DeepGEMM calls (masked, contiguous)
     fp8.py               DeepGEMM's fp8 block-quant recipe, SiLU-and-mul + quant
     combine_overlap.py   each DeepEP tree's overlapped-combine form: kwargs, send SMs, signal

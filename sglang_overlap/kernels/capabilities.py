@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_overlap.kernels.triton_versions import installed_triton, kernel_problem
 from sglang_overlap.planning.sbo_layout import BLACKWELL_NUM_SMS, HOPPER_NUM_SMS
 from sglang_overlap.planning.sbo_path import (
     PER_BLOCK_ARGS,
@@ -331,15 +332,28 @@ class ProbeReport:
     deep_gemm: PackageProbe
     triton: bool
     signal_gemm_module: bool
+    triton_version: str | None = None
+    """The installed triton's version (None: not installed, or no metadata to read it from)."""
+
+    @property
+    def triton_problem(self) -> str | None:
+        """Why the installed triton cannot build the plugin's signal GEMMs (the sliced
+        producer's signal store, which every SBO path may fall back to), None if it can or
+        its version is unknown (`triton_versions`)."""
+        if not self.triton or self.triton_version is None:
+            return None
+        return kernel_problem("sliced", self.triton_version)
 
     @property
     def capabilities(self) -> Capabilities:
+        problem = self.triton_problem
         return Capabilities(
             arch=self.gpu.arch, deep_ep_version=self.deep_ep.version,
             deep_ep_combine_forms=combine_forms(self.deep_ep.params),
             deep_gemm_version=self.deep_gemm.version,
             deep_gemm_signal=gemm_takes_signal(self.deep_gemm.params),
-            plugin_signal_gemm=self.triton and self.signal_gemm_module)
+            plugin_signal_gemm=self.triton and self.signal_gemm_module and problem is None,
+            plugin_signal_gemm_problem=problem)
 
 
 def probe(search_path: Sequence[str] | None = None,
@@ -353,6 +367,7 @@ def probe(search_path: Sequence[str] | None = None,
         deep_gemm=probe_package("deep_gemm", DEEP_GEMM_MASKED, search_path),
         triton=package_dir("triton", search_path) is not None,
         signal_gemm_module=own,
+        triton_version=installed_triton(search_path),
     )
 
 

@@ -48,6 +48,7 @@ from sglang_overlap.kernels.signal_fused import (
     default_config,
     grouped_gemm_fp8_signal,
 )
+from sglang_overlap.kernels.triton_versions import installed_triton, kernel_problem
 from sglang_overlap.planning.sbo_layout import Granularity, SboLayout, plan_sbo_layout
 from sglang_overlap.planning.sbo_path import CombineForm
 
@@ -87,6 +88,22 @@ def deepgemm_signal_unavailable() -> str | None:
             log.info("sglang-overlap SBO down GEMM: the patched DeepGEMM producer is unavailable "
                      "(%s); serving the Triton / sliced producers", why)
     return _DG_SIGNAL_UNAVAILABLE[0] or None
+
+
+_FUSED_UNAVAILABLE: list[str] = []  # why the installed triton cannot build the fused producer
+
+
+def fused_unavailable() -> str | None:
+    """None when the installed triton builds the fused Triton producer
+    (`triton_versions.kernel_problem`), else why not, naming the version and what to install
+    (logged once per process: DeepGEMM slices serve where the tables choose it)."""
+    if not _FUSED_UNAVAILABLE:
+        why = kernel_problem("fused", installed_triton())
+        _FUSED_UNAVAILABLE.append(why or "")
+        if why:
+            log.warning("sglang-overlap SBO down GEMM: %s; DeepGEMM slices serve where the "
+                        "producer tables choose the fused producer", why)
+    return _FUSED_UNAVAILABLE[0] or None
 
 
 def _deepgemm_signal_failed(exc: Exception) -> None:
@@ -144,7 +161,10 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
       64), the fastest producer at every measured shape, with this GPU's `dg_tiles`;
     - fused for capacities DeepGEMM mis-computes (`DEEPGEMM_CAPACITY_ALIGN`);
     - otherwise this GPU's `fallback` table: fused or DeepGEMM slices (E / slice_div experts
-      per launch, on 1 or 2 streams) by E, rows and whether the buffer is padded past the rows."""
+      per launch, on 1 or 2 streams) by E, rows and whether the buffer is padded past the rows.
+    Where the installed triton cannot build the fused producer (`fused_unavailable`), DeepGEMM
+    slices (E / 4, two streams) serve in its place, and a capacity only it computes raises
+    ValueError naming the triton version and what to install."""
     e = num_local_experts
     tables = producer_tables()
     if capacity % DEEPGEMM_CAPACITY_ALIGN == 0 and deepgemm_signal_unavailable() is None:
@@ -152,12 +172,23 @@ def choose_signal_path(num_local_experts: int, expected_m: int, capacity: int) -
                           "is the fastest producer at every measured shape",
                           dg_config=dg_signal_config(e, expected_m, capacity))
     if capacity % DEEPGEMM_CAPACITY_ALIGN:
-        return SignalPlan("fused", why=f"capacity {capacity} is not a multiple of "
-                          f"{DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM mis-computes it)")
+        why = (f"capacity {capacity} is not a multiple of {DEEPGEMM_CAPACITY_ALIGN} (DeepGEMM "
+               "mis-computes it)")
+        fused_why = fused_unavailable()
+        if fused_why is not None:
+            raise ValueError(f"sglang-overlap SBO down GEMM: {why} and only the fused Triton "
+                             f"producer computes it, but {fused_why} (or make "
+                             "num_max_dispatch_tokens_per_rank x ranks a multiple of "
+                             f"{DEEPGEMM_CAPACITY_ALIGN})")
+        return SignalPlan("fused", why=why)
     choice = tables.fallback_choice(e, expected_m, capacity)
     why = f"{tables.gpu}: {choice.why} (E {e}, {expected_m} rows, capacity {capacity})"
     if choice.path == "fused":
-        return SignalPlan("fused", why=why)
+        fused_why = fused_unavailable()
+        if fused_why is None:
+            return SignalPlan("fused", why=why)
+        return SignalPlan("sliced", max(1, e // 4), 2, why=f"{why}; but {fused_why}: DeepGEMM "
+                          "slices (E / 4 on two streams) instead")
     return SignalPlan("sliced", max(1, e // choice.slice_div), choice.streams, why=why)
 
 
@@ -340,7 +371,16 @@ def signal_down_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
                                       signal=signal, layout=layout,
                                       slice_experts=plan.slice_experts, streams=plan.streams)
     else:
-        config = fused_config(layout, expected_m)
-        grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config,
-                                signal=signal, layout=layout, num_programs=config.programs(sms))
+        run_fused(a, a_scale, b, b_scale, out, masked_m, expected_m, signal=signal,
+                  layout=layout, compute_num_sms=sms)
     return plan
+
+
+def run_fused(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+              out: torch.Tensor, masked_m: torch.Tensor, expected_m: int, *,
+              signal: torch.Tensor | None, layout: SboLayout, compute_num_sms: int) -> None:
+    """The fused producer's launch as `signal_down_gemm` serves it (arguments as there):
+    `fused_config` for `layout`'s tiles, the persistent grid capped at `compute_num_sms` SMs."""
+    config = fused_config(layout, expected_m)
+    grouped_gemm_fp8_signal(a, a_scale, b, b_scale, masked_m, out, config=config, signal=signal,
+                            layout=layout, num_programs=config.programs(compute_num_sms))

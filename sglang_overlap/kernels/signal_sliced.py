@@ -76,9 +76,9 @@ def sliced_masked_gemm_signal(a: torch.Tensor, a_scale: torch.Tensor, b: torch.T
     """
     if streams not in (1, 2):
         raise ValueError(f"streams must be 1 or 2 (got {streams})")
-    main = torch.cuda.current_stream() if streams == 2 else None
-    side = _side_stream(a.device) if main is not None else None
-    if side is not None:
+    main = side = None
+    if streams == 2:
+        main, side = torch.cuda.current_stream(), _side_stream(a.device)
         side.wait_stream(main)
     for i, (start, end) in enumerate(plan_expert_slices(a.shape[0], slice_experts)):
         on_side = side is not None and i % 2 == 1

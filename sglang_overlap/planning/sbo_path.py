@@ -57,7 +57,8 @@ class Capabilities:
     deep_ep_combine_forms: tuple[CombineForm, ...]  # () = combine takes no overlap arguments
     deep_gemm_version: str | None  # None: deep_gemm not installed
     deep_gemm_signal: bool  # masked GEMM takes enable_overlap / signal
-    plugin_signal_gemm: bool  # triton and sglang_overlap.kernels.signal_fused are present
+    plugin_signal_gemm: bool  # triton (a release that builds them) and the plugin's kernels
+    plugin_signal_gemm_problem: str | None = None  # why not, when triton is there but too old
 
 
 @dataclass(frozen=True)
@@ -125,18 +126,20 @@ def _missing_expert(caps: Capabilities) -> list[str]:
             f"not the per-expert form ({', '.join(PER_EXPERT_ARGS)}); install {PINNED_DEEP_EP}"
         )
     if not caps.plugin_signal_gemm:
-        missing.append(
+        missing.append(caps.plugin_signal_gemm_problem or (
             "the plugin's signal GEMM needs triton (pip install triton; it ships with torch on "
             "CUDA) and sglang_overlap.kernels.signal_fused"
-        )
+        ))
     return missing
 
 
 def _missing_gemm(caps: Capabilities) -> str:
     dg = f"sgl-deep-gemm {caps.deep_gemm_version}" if caps.deep_gemm_version else "deep_gemm"
+    plugin = caps.plugin_signal_gemm_problem or (
+        "the plugin's Triton signal GEMM needs triton (pip install triton)")
     return (
         f"no signal GEMM: {dg} has no masked GEMM with enable_overlap/signal (no released "
-        "sgl-deep-gemm has), and the plugin's Triton signal GEMM needs triton (pip install triton)"
+        f"sgl-deep-gemm has), and {plugin}"
     )
 
 

@@ -126,7 +126,8 @@ def resolution_specs() -> list[ResolutionSpec]:
 def all_pins() -> list[tuple[str, str]]:
     """(upstream target, fingerprint) of everything the plugin relies on, for the guard."""
     pins = [*SHARED_PINS]
-    for spec in [*all_specs(), *resolution_specs()]:
+    specs: list[HookSpec | ResolutionSpec] = [*all_specs(), *resolution_specs()]
+    for spec in specs:
         pins += spec.pins()
     return list(dict.fromkeys((p.target, p.fingerprint) for p in pins))
 

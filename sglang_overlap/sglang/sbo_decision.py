@@ -106,8 +106,21 @@ def decide_sbo(settings: OverlapSettings, *, a2a_backend: str, runner_backend: s
 
 
 def log_once(decision: SboDecision, report: ProbeReport) -> None:
-    line = (f"sglang-overlap SBO on {report.gpu.arch} ({report.gpu.source}): {decision.summary()}"
-            f" [deep_ep {report.deep_ep.version}, deep_gemm {report.deep_gemm.version}]")
-    if line not in _state["logged"]:
-        _state["logged"].add(line)
-        logger.info(line)
+    """The decision, and (where the plugin's down GEMM serves it) which producer: the line
+    `sglang-overlap check` prints."""
+    lines = [f"sglang-overlap SBO on {report.gpu.arch} ({report.gpu.source}): "
+             f"{decision.summary()} [deep_ep {report.deep_ep.version}, deep_gemm "
+             f"{report.deep_gemm.version}]"]
+    if (decision.down_gemm_overlap and decision.gemm_signal_source == "plugin"
+            and report.gpu.arch == "sm90"):
+        from sglang_overlap.kernels.producers import sbo_producers
+        from sglang_overlap.kernels.signal_deepgemm import probe as probe_patched_deepgemm
+
+        producers = sbo_producers(probe_patched_deepgemm(), triton_installed=report.triton,
+                                  triton_version=report.triton_version)
+        lines.append(f"sglang-overlap SBO down-GEMM producer (triton {report.triton_version}): "
+                     f"{producers.serves}")
+    for line in lines:
+        if line not in _state["logged"]:
+            _state["logged"].add(line)
+            logger.info(line)

@@ -20,6 +20,7 @@ import torch
 
 from sglang_overlap.kernels.a2a import AllToAllDispatcher
 from sglang_overlap.kernels.contracts import (
+    Layout,
     LowLatencyDispatchOutput,
     SignalContract,
 )
@@ -37,7 +38,7 @@ class TorchA2AImpl:
         from sglang.srt.environ import envs
 
         cuda = torch.cuda.is_available()
-        self.layout = "low_latency" if low_latency else "normal"
+        self.layout: Layout = "low_latency" if low_latency else "normal"
         self.a2a = AllToAllDispatcher(
             num_experts, envs.SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK.get(), group=group,
             streams=StreamPair("cuda" if cuda else "cpu"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,38 @@ def test_the_fast_readers_flags_are_sglangs() -> None:
             assert (ours.choices is None) == (theirs.choices is None), name
             if ours.choices is not None:
                 assert list(ours.choices) == list(theirs.choices), name
+
+
+def test_check_names_the_sbo_producer_and_the_triton_it_judged(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_overlap.kernels.triton_versions import installed_triton
+
+    rc, out = _check(capsys, "--assume-arch", "sm90", *QUICK_START)
+    k = out["kernels"]
+    assert k["triton_version"] == installed_triton()
+    assert k["sbo_producer"]["fused_triton"] is None and k["sbo_producer"]["sliced"] is None
+    patched = k["plugin_patched_deepgemm"]
+    first = "the patched DeepGEMM kernel;" if patched["available"] else "the fused Triton kernel"
+    assert k["sbo_producer"]["serves"].startswith(first), k["sbo_producer"]
+
+
+def test_a_triton_that_cannot_build_the_producers_is_named_with_the_fix(tmp_path: Path) -> None:
+    """A triton release the table refuses (3.3.1: the kernels' names are not found), put first
+    on the path: no down-GEMM overlap, and the report names the release and what to install."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    (tmp_path / "triton-3.3.1.dist-info").mkdir()
+    (tmp_path / "triton-3.3.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: triton\nVersion: 3.3.1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "sglang_overlap", "check", "--assume-arch",
+                           "sm90", "--no-import-check", *QUICK_START], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    text = done.stdout
+    assert "SBO down-GEMM producer (triton 3.3.1): none: the sliced SBO producer's" in text, text
+    (sbo,) = [line for line in text.splitlines() if line.startswith("SBO: ")]
+    assert sbo.startswith("SBO: shared_expert_only:") and "does not build on triton 3.3.1" in sbo
+    assert "pip install triton==3.8.0" in sbo, sbo
+    assert "plugin signal GEMM (triton): no" in text, text
+    assert "fast path (sm90-patched-deepgemm): will NOT serve" in text, text
+    assert "missing triton 3.4.0 or later (the plugin's Triton signal GEMM)" in text, text

@@ -1,4 +1,5 @@
-"""GPU fixtures: one DeepEP low-latency buffer per process, on one rank or under torchrun.
+"""GPU fixtures: one DeepEP low-latency buffer per process, on one rank or under torchrun; each
+test's GPU memory checked against its `gpu_mem` marker (tests/gpu/memory.py).
 
 The DeepEP tests run once per installed tree (benchmarks/run_gpu.sh puts each tree on PYTHONPATH
 in its own pytest process). Without CUDA or without a loadable deep_ep they are skipped; with
@@ -16,6 +17,34 @@ from typing import Any
 import pytest
 import torch
 
+from sglang_overlap.planning.sbo_path import CombineForm
+from tests.gpu import memory
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory(request: pytest.FixtureRequest) -> Any:
+    """Fail a test at once when its declared GPU memory is not there, and after it when it held
+    more than it declares (tests/gpu/memory.py)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    need, nodeid = memory.declared(request.node), request.node.nodeid
+    torch.cuda.empty_cache()  # what earlier tests left cached is not this test's
+    free, total = torch.cuda.mem_get_info()
+    problem = memory.check_available(nodeid, need, free / memory.GIB,
+                                     torch.cuda.memory_reserved() / memory.GIB,
+                                     total / memory.GIB)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    peak = torch.cuda.max_memory_reserved() / memory.GIB
+    memory.log_peak(nodeid, need, peak)
+    problem = memory.check_peak(nodeid, need, peak)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+
+
 N_MAX = 256  # num_max_dispatch_tokens_per_rank of the shared buffer: T <= 256 per rank
 HIDDEN = 7168
 E_LOCAL_MAX = 32
@@ -28,7 +57,7 @@ class EpEnv:
     rank: int
     world: int
     buffer: Any
-    form: str | None  # the combine overlap form this tree takes
+    form: CombineForm | None  # the combine overlap form this tree takes
     _layout: tuple[int, int, int] | None = field(default=None)
 
     def use(self, num_experts: int, n: int = N_MAX, hidden: int = HIDDEN) -> Any:

@@ -23,7 +23,9 @@ from tests.gpu.test_signal_down_gemm import fp32_reference
 from tests.gpu.test_signal_gemm import FP8_TOL, calc_diff, make_case, valid_rows
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              # make_case at E 32 x C 256 x N 7168 x K 2048, fp32 reference
+              pytest.mark.gpu_mem(10)]
 
 N, K = 7168, 2048
 COMM_SMS = 4

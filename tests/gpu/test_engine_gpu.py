@@ -21,8 +21,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sglang_overlap.kernels.a2a import AllToAllDispatcher
-from sglang_overlap.kernels.contracts import Dispatcher, LowLatencyDispatchOutput, SignalContract
+from sglang_overlap.kernels.contracts import (
+    Dispatcher,
+    Layout,
+    LowLatencyDispatchOutput,
+    SignalContract,
+)
 from sglang_overlap.kernels.streams import StreamPair
+from sglang_overlap.planning.sbo_layout import Granularity
 from sglang_overlap.planning.two_batch import ForwardKind, plan_two_batch
 from tests.fixtures import toy
 from tests.oracle import executors
@@ -80,14 +86,18 @@ def _layers(weights: list[toy.ToyWeights], dispatcher: Dispatcher, trace: list |
     layers = toy.toy_layers(weights, ROUTER, dispatcher, rank=rank, world_size=world)
     if trace is None:
         return layers
-    return [replace(layer, experts=TracedExperts(layer.experts.w13, layer.experts.w2, trace))
-            for layer in layers]
+    traced = []
+    for layer in layers:
+        assert isinstance(layer.experts, ReferenceExperts), type(layer.experts)
+        traced.append(replace(layer, experts=TracedExperts(layer.experts.w13, layer.experts.w2,
+                                                           trace)))
+    return traced
 
 
 def _run(executor: str, layers: list[MoeLayer], x: torch.Tensor) -> torch.Tensor:
     n = x.shape[0]
     if executor.startswith("serial"):
-        layout = "normal" if executor == "serial_normal" else "low_latency"
+        layout: Layout = "normal" if executor == "serial_normal" else "low_latency"
         return executors.execute_serial(layers, x, layout=layout)
     if executor == "tbo_decode":
         plan = plan_two_batch(ForwardKind.DECODE, n) if n else plan_two_batch(ForwardKind.IDLE, 0)
@@ -97,7 +107,7 @@ def _run(executor: str, layers: list[MoeLayer], x: torch.Tensor) -> torch.Tensor
         plan = plan_two_batch(ForwardKind.EXTEND, n, extend_lens=lens, two_chunk_threshold=0.48) \
             if n else plan_two_batch(ForwardKind.IDLE, 0)
         return executors.execute_tbo(layers, x, plan, schedule="prefill")
-    gran = "block" if executor == "sbo_block" else "expert"
+    gran: Granularity = "block" if executor == "sbo_block" else "expert"
     return executors.execute_sbo(layers, x, SboConfig(granularity=gran, block_m=64,
                                                       block_n=128))
 

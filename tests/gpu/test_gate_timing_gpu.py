@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from sglang_overlap.modes import Mode, Phase
 from sglang_overlap.planning.cost.prior import FlatPrior
 from sglang_overlap.planning.selector import ModeSelector, SelectorConfig
 from sglang_overlap.planning.step_table import cell_index, measure_bucket
@@ -18,6 +19,7 @@ from sglang_overlap.sglang.selector_runtime import SelectorRuntime
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+MAX_WORKERS = 1  # it times CUDA work: other workers' kernels would be in its steps
 
 
 def _step(x: torch.Tensor, n: int) -> None:
@@ -27,9 +29,9 @@ def _step(x: torch.Tensor, n: int) -> None:
 
 
 def test_events_are_read_lazily_and_measure_the_step() -> None:
-    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"})), SelectorConfig()),
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({Mode.TBO})), SelectorConfig()),
                          sync_steps=10**6, cuda=True, setup="gpu test")
-    cell = cell_index("decode", measure_bucket(64), "none")
+    cell = cell_index(Phase.DECODE, measure_bucket(64), Mode.NONE)
     x = torch.randn(4096, 4096, device="cuda")
     _step(x, 3)
     torch.cuda.synchronize()

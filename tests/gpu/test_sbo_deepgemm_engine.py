@@ -16,6 +16,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sglang_overlap.planning.sbo_layout import Granularity
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -47,20 +49,23 @@ def _layers():
     from sglang_overlap.kernels.a2a import AllToAllDispatcher
     from sglang_overlap.kernels.streams import StreamPair
     from tests.fixtures import toy
+    from tests.oracle.experts import ReferenceExperts
     from tests.oracle.router import RouterConfig
 
     router = RouterConfig(E, top_k=4, n_group=4, topk_group=2, routed_scaling_factor=2.5)
     weights = toy.toy_weights(1, num_experts=E, hidden=H, inter=INTER, seed=0,
                               dtype=torch.bfloat16, device="cuda")
     disp = AllToAllDispatcher(E, max_tokens_per_rank=128, streams=StreamPair("cuda:0"))
-    layers = toy.toy_layers(weights, router, disp)
-    return [replace(layer, experts=DeepGemmExpertRunner(layer.experts.w13.float(),
-                                                        layer.experts.w2.float()))
-            for layer in layers]
+    layers = []
+    for layer in toy.toy_layers(weights, router, disp):
+        assert isinstance(layer.experts, ReferenceExperts), type(layer.experts)
+        runner = DeepGemmExpertRunner(layer.experts.w13.float(), layer.experts.w2.float())
+        layers.append(replace(layer, experts=runner))
+    return layers
 
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
-def test_sbo_with_deepgemm_runner_equals_serial(nccl_group, granularity: str) -> None:
+def test_sbo_with_deepgemm_runner_equals_serial(nccl_group, granularity: Granularity) -> None:
     from tests.oracle import executors
     from tests.oracle.stages import SboConfig
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_overlap.planning.sbo_layout import Granularity
 from tests.oracle import fp8 as oracle_fp8
 
 pytestmark = [pytest.mark.gpu,
@@ -32,7 +33,8 @@ def _calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("granularity", ["expert", "block"])
 @pytest.mark.parametrize("e, m_cap, expected_m", [(8, 128, 16), (4, 256, 200)])
-def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m: int) -> None:
+def test_glue_masked_gemm_route(granularity: Granularity, e: int, m_cap: int,
+                                expected_m: int) -> None:
     pytest.importorskip("triton")
     from sglang_overlap.kernels import fp8
     from sglang_overlap.planning.sbo_path import SboDecision, SboPath
@@ -49,7 +51,7 @@ def test_glue_masked_gemm_route(granularity: str, e: int, m_cap: int, expected_m
     masked[0] = 0  # an expert with no tokens must still reach its final counter value
 
     decision = SboDecision(SboPath.PER_EXPERT if granularity == "expert" else
-                           SboPath.FINE_GRAINED, "gpu test", granularity=granularity,  # type: ignore
+                           SboPath.FINE_GRAINED, "gpu test", granularity=granularity,
                            gemm_signal_source="plugin")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     combine = SimpleNamespace(overlap=True, num_sms=3, signal=None, threshold=0)

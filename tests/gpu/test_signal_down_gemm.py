@@ -28,7 +28,9 @@ from tests.gpu.test_signal_gemm import (
 )
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              # make_case at E 32 x C 256 x N 7168 x K 2048, fp32 reference
+              pytest.mark.gpu_mem(10)]
 
 MAX_M = 4096
 DG_GROUPS = [(32, 192), (6, 1024), (32, 20), (6, 20)]  # DeepGEMM's (num_groups, expected m)
@@ -131,6 +133,7 @@ def check_signals(sig: torch.Tensor, layout, msg: str) -> None:
 @pytest.mark.parametrize(("n", "k"), DG_NK)
 @pytest.mark.parametrize(("groups", "m"), DG_GROUPS)
 @pytest.mark.parametrize("producer", PRODUCERS)
+@pytest.mark.gpu_mem(24)  # 32 groups x 4096 rows x N 6144 x K 7168: fp32 quantisation, reference
 def test_deepgemm_masked_shapes(producer: str, groups: int, m: int, n: int, k: int,
                                 granularity: str) -> None:
     case = deepgemm_masked_case(groups * 131 + m + n + k, groups, m, n, k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,13 @@ def patched_deepgemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
 
 
 dg_available = pytest.mark.dg_available
+
+
+@pytest.fixture(autouse=True)
+def fused_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed triton counts as building the fused producer (the AOT compile test checks
+    that it does); tests of the other case set `_FUSED_UNAVAILABLE` themselves."""
+    monkeypatch.setattr(down_gemm, "_FUSED_UNAVAILABLE", [""])
 
 
 @pytest.mark.parametrize(
@@ -298,3 +306,46 @@ def test_the_launch_drops_multicast_on_an_odd_sm_count(monkeypatch: pytest.Monke
                                      compute_num_sms=sms, plan=plan)
     assert ran.path == "deepgemm" and launched == [(ran.dg_config, sms or 128)]
     assert launched[0][0].multicast == multicast
+
+
+FUSED_WHY = "the fused Triton SBO producer does not build on triton 3.3.1 (NameError)"
+
+
+@pytest.mark.parametrize(("experts", "m"), [(1, 1), (8, 16), (15, 64)])
+def test_where_triton_cannot_build_the_fused_producer_slices_serve(
+        monkeypatch: pytest.MonkeyPatch, experts: int, m: int) -> None:
+    assert choose_signal_path(experts, m, capacity=64).path == "fused"  # the table's choice
+    monkeypatch.setattr(down_gemm, "_FUSED_UNAVAILABLE", [FUSED_WHY])
+    plan = choose_signal_path(experts, m, capacity=64)
+    assert (plan.path, plan.slice_experts, plan.streams) == ("sliced", max(1, experts // 4), 2)
+    assert FUSED_WHY in plan.why and "fused" in plan.why, plan
+    assert choose_signal_path(16, m, capacity=256) == down_gemm.SignalPlan(
+        "sliced", 4, 2, why=choose_signal_path(16, m, capacity=256).why)  # unchanged
+
+
+@pytest.mark.parametrize("capacity", [16, 96])
+def test_a_capacity_only_the_fused_producer_computes_is_refused_without_it(
+        monkeypatch: pytest.MonkeyPatch, capacity: int) -> None:
+    monkeypatch.setattr(down_gemm, "_FUSED_UNAVAILABLE", [FUSED_WHY])
+    with pytest.raises(ValueError, match=rf"capacity {capacity} .*{re.escape(FUSED_WHY)}"):
+        choose_signal_path(8, 16, capacity)
+
+
+@pytest.mark.parametrize(("version", "logged"), [("3.3.1", 1), ("3.8.0", 0), ("9.0.0", 1)])
+def test_the_triton_verdict_is_read_once_and_logged_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, version: str,
+        logged: int) -> None:
+    from sglang_overlap.kernels import triton_versions
+
+    # 9.0.0: a release that builds the slices' store but not the fused kernel
+    monkeypatch.setattr(triton_versions, "CHECKED", (*triton_versions.CHECKED, (
+        triton_versions.TritonCheck("9.0.0", frozenset({"sliced", "silu_quant"}), "an error"))))
+    monkeypatch.setattr(down_gemm, "_FUSED_UNAVAILABLE", [])
+    calls = []
+    monkeypatch.setattr(down_gemm, "installed_triton", lambda: calls.append(1) or version)
+    with caplog.at_level(logging.WARNING, logger=down_gemm.__name__):
+        first, second = down_gemm.fused_unavailable(), down_gemm.fused_unavailable()
+    assert first == second and len(calls) == 1
+    assert (first is None) == (logged == 0) and (first is None or f"triton {version}" in first)
+    lines = [r for r in caplog.records if "DeepGEMM slices serve" in r.getMessage()]
+    assert len(lines) == logged, caplog.text

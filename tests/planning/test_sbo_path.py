@@ -46,6 +46,16 @@ def test_forced_overlap_without_signal_gemm_is_refused_naming_package_and_versio
         assert needle in d.refusal, (needle, d.refusal)
 
 
+@pytest.mark.parametrize("granularity", ["expert", "block"])
+def test_a_triton_too_old_for_the_signal_gemm_is_named_in_the_refusal(granularity: str) -> None:
+    too_old = "the signal store does not build on triton 3.3.1: pip install triton==3.8.0"
+    caps = _caps(plugin_signal_gemm=False, plugin_signal_gemm_problem=too_old,
+                 deep_ep_combine_forms=("per_expert", "per_block"))
+    d = decide_sbo_path(caps, SboRequest(granularity=granularity))  # type: ignore[arg-type]
+    assert d.refusal is not None and too_old in d.refusal, d
+    assert "pip install triton;" not in d.refusal, d.refusal  # not the missing-triton text
+
+
 def test_block_granularity_on_released_deep_ep_is_refused() -> None:
     d = decide_sbo_path(RELEASED, SboRequest(granularity="block"))
     assert d.refusal is not None

@@ -123,6 +123,8 @@ def test_hook_lifts_refusal_and_picks_per_expert(contexts: dict[str, Any], sm90:
         moe_utils.initialize_moe_config(_upstream_init())  # a second call logs nothing new
     lines = [r.getMessage() for r in caplog.records if "SBO on sm90" in r.getMessage()]
     assert len(lines) == 1 and "per_expert" in lines[0] and "0.1.2.post1" in lines[0], lines
+    producer = [r.getMessage() for r in caplog.records if "down-GEMM producer" in r.getMessage()]
+    assert len(producer) == 1 and f"(triton {report.triton_version}): " in producer[0], producer
 
 
 def test_torch_a2a_sbo_starts_on_sm90_without_any_kernel(contexts: dict[str, Any], sm90: None,

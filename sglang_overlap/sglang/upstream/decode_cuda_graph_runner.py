@@ -172,7 +172,7 @@ def _as_step(runner: Any, decision: StepDecision, *, capture: bool = False) -> I
     `decision`'s step (which `make_graph_key` reads)."""
     mode, saved_tbo = decision.mode, runner.enable_two_batch_overlap
     runner.enable_two_batch_overlap = saved_tbo and mode == Mode.TBO
-    flags = contextlib.nullcontext()
+    flags: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if capture:
         flags = state.upstream_flags(tbo=mode == Mode.TBO if saved_tbo else None,
                                      sbo=mode == Mode.SBO if mode != Mode.TBO else None)

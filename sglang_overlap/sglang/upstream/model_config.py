@@ -29,7 +29,7 @@ def after_from_server_args(result: Any, server_args: Any, *args: Any, **kwargs: 
     if not requested_modes(settings):
         return
     hf_config = getattr(result, "hf_config", None)
-    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else {}
+    config = hf_config.to_dict() if hf_config is not None and hasattr(hf_config, "to_dict") else {}
     refuse_model(config, settings, str(getattr(result, "model_path", "")))
 
 

@@ -77,9 +77,9 @@ def server_facts(values: Any) -> ServerFacts:
     )
 
 
-def requested_features(settings: OverlapSettings) -> dict[str, str]:
+def requested_features(settings: OverlapSettings) -> dict[Feature, str]:
     """feature -> the flag asking for it ("args": any other plugin flag)."""
-    out = {}
+    out: dict[Feature, str] = {}
     if settings.enable_two_batch_overlap:
         out[Feature.TBO] = "--enable-two-batch-overlap"
     if settings.enable_single_batch_overlap:
