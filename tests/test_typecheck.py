@@ -18,7 +18,10 @@ def test_the_configuration_covers_what_ci_cannot_run() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert set(config["files"]) >= {"sglang_overlap", "tests/gpu", "benchmarks"}, config
     assert config["check_untyped_defs"] is True
-    assert config["exclude"] == ["^benchmarks/serve/"], config["exclude"]
+    assert "exclude" not in config, config["exclude"]  # benchmarks/serve is checked too
+    ignored = {m for o in config.get("overrides", []) if o.get("ignore_errors")
+               for m in ([o["module"]] if isinstance(o["module"], str) else o["module"])}
+    assert not ignored, ignored
     lint = (ROOT / ".ci" / "run").read_text().split('step "lint"')[1].split("step ")[0]
     assert re.search(r"^\.venv/bin/mypy$", lint, re.M), lint  # the configured files, all
 

@@ -20,10 +20,12 @@ A routed MoE layer is 11.3 GB; the whole checkpoint is printed at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -126,12 +128,15 @@ def main(argv: list[str]) -> int:
     n = args.dense_layers + args.moe_layers
     (out / "config.json").write_text(json.dumps(config(n, args.dense_layers), indent=2))
     d, index, total = Drawer(args.seed), {}, 0
-    shards = [(f"model-{i:05d}.safetensors", (lambda i=i: layer(d, i, i < args.dense_layers)))
-              for i in range(n)]
-    shards.append(("model-head.safetensors", lambda: {
-        "model.embed_tokens.weight": d.normal(VOCAB, HIDDEN, std=1.0),
-        "model.norm.weight": torch.ones(HIDDEN, device="cuda", dtype=torch.bfloat16),
-        "lm_head.weight": d.normal(VOCAB, HIDDEN, std=3.0 / math.sqrt(HIDDEN))}))
+    def head() -> dict[str, torch.Tensor]:
+        return {"model.embed_tokens.weight": d.normal(VOCAB, HIDDEN, std=1.0),
+                "model.norm.weight": torch.ones(HIDDEN, device="cuda", dtype=torch.bfloat16),
+                "lm_head.weight": d.normal(VOCAB, HIDDEN, std=3.0 / math.sqrt(HIDDEN))}
+
+    shards: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]] = [
+        (f"model-{i:05d}.safetensors", functools.partial(layer, d, i, i < args.dense_layers))
+        for i in range(n)]
+    shards.append(("model-head.safetensors", head))
     for fname, draw in shards:
         tensors = {k: v.cpu() for k, v in draw().items()}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 VOCAB = 1024
 CONTEXT = 4096
@@ -63,12 +64,15 @@ def write_model(out: Path) -> None:
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
     torch.manual_seed(0)
+    # fields SGLang reads that transformers' signature does not declare (kept as attributes)
+    sglang_fields: dict[str, Any] = {"head_dim": 32, "num_nextn_predict_layers": 0}
     cfg = DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
         num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
         num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
         n_group=2, topk_group=1, kv_lora_rank=64, q_lora_rank=128, qk_rope_head_dim=32,
-        qk_nope_head_dim=32, v_head_dim=32, head_dim=32, num_nextn_predict_layers=0,
+        qk_nope_head_dim=32, v_head_dim=32,
+        **sglang_fields,
         routed_scaling_factor=2.5, max_position_embeddings=CONTEXT, bos_token_id=0,
         eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
     cfg.architectures = ["DeepseekV3ForCausalLM"]
