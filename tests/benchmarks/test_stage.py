@@ -108,3 +108,17 @@ def test_unknown_verb(tmp_path: Path, verb: str) -> None:
     make_kit(tmp_path / "kit", {"x.bin": b"1"})
     done = stage(tmp_path, *([verb] if verb else []))
     assert (done.returncode, "usage" in done.stderr) == ((2, True) if verb else (3, False))
+
+
+def test_an_assembled_payload_is_checked_against_the_manifest(tmp_path: Path) -> None:
+    """Parts that pass their checksums but assemble to other contents (a manifest from another
+    build) fail the assembly, naming the file."""
+    parts = make_kit(tmp_path / "kit", {"a.whl": os.urandom(900)})
+    manifest = json.loads((tmp_path / "kit" / "kit.json").read_text())
+    manifest["contents"]["a.whl"] = 901
+    (tmp_path / "kit" / "kit.json").write_text(json.dumps(manifest))
+    for part in parts:
+        carry(part, tmp_path)
+    assert stage(tmp_path, "recv").returncode == 0
+    done = stage(tmp_path, "assemble", str(tmp_path / "payload"))
+    assert done.returncode == 1 and "lacks a.whl (901 bytes)" in done.stdout, done.stdout
