@@ -44,7 +44,7 @@ def test_no_plugin_flags_means_upstream_defaults() -> None:
 
 def test_upstream_threshold_flag_is_read() -> None:
     _, settings = parse_server_args([
-        *MODEL, "--enable-two-batch-overlap", "--moe-a2a-backend", "deepep",
+        *MODEL, "--enable-two-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2",
         "--tbo-token-distribution-threshold", "0",
     ])
     assert settings.enable_two_batch_overlap and not settings.two_chunk_enabled
@@ -188,7 +188,7 @@ def test_engine_with_good_settings_carries_them_on_the_record(
 
     monkeypatch.setenv("SGLANG_OVERLAP_ARGS", "--overlap-gating-hysteresis 0.1")
     record = ServerArgs(model_path=MODEL[1], enable_two_batch_overlap=True,
-                        moe_a2a_backend="deepep")
+                        moe_a2a_backend="deepep", tp_size=2)
     _before_resolve_once(record)
     monkeypatch.delenv("SGLANG_OVERLAP_ARGS")
     carried = pickle.loads(pickle.dumps(record))
@@ -237,7 +237,7 @@ def _config_dir(tmp_path: Path, architecture: str) -> Path:
 
 @pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "MixtralForCausalLM"])
 @pytest.mark.parametrize(("flags", "named"), [
-    (["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"],
+    (["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2"],
      "--enable-two-batch-overlap (TBO), two-chunk"),
     (["--enable-single-batch-overlap", "--moe-a2a-backend", "torch_a2a", "--tp", "2"],
      "--enable-single-batch-overlap (SBO), --moe-a2a-backend torch_a2a"),

@@ -206,7 +206,7 @@ ALTERED_CPU = ("import sglang.srt.batch_overlap.operations_strategy as o\n"
                "def _pad_inputs_to_size(*a, **k):\n    return None\n"
                "o._compute_moe_deepseek_blog_prefill = _compute_moe_deepseek_blog_prefill\n"
                "f.ForwardBatch._pad_inputs_to_size = _pad_inputs_to_size")
-TBO = ["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep"]
+TBO = ["--enable-two-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "2"]
 SBO = ["--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"]
 
 
@@ -234,7 +234,8 @@ def test_drift_of_another_feature_serves(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_cpu_only_drift_keeps_sbo_and_tbo_on_a_gpu_server() -> None:
     done = _run(ALTERED_CPU, ["--device", "cuda", "--enable-two-batch-overlap",
-                              "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep"])
+                              "--enable-single-batch-overlap", "--moe-a2a-backend", "deepep",
+                              "--tp", "2"])
     assert "SERVED True" in done.stdout, done.stdout + done.stderr[-3000:]
     done = _run(ALTERED_CPU, ["--device", "cpu", *TBO])
     assert "REFUSED" in done.stdout and "_compute_moe_deepseek_blog_prefill changed" in (
@@ -255,7 +256,7 @@ def test_drift_without_overlap_flags_serves_plain_sglang() -> None:
     {"SGLANG_OVERLAP_ARGS": "--enable-two-batch-overlap --moe-a2a-backend deepep"},
 ])
 def test_the_engine_api_is_refused_like_the_command_line(engine: dict[str, str]) -> None:
-    done = _run(FAKE_VERSION, TBO, engine)
+    done = _run(FAKE_VERSION, TBO[:3], engine)  # the Engine's --tp is SGLang's default, 1
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ENGINE REFUSED" in done.stdout and "SAME AS CLI True" in done.stdout, (
         done.stdout + done.stderr[-3000:])
