@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from sglang_overlap.cli import check_flags
+from sglang_overlap.cli import check_flags, check_model
 from sglang_overlap.kernels.capabilities import (
     ARCH_CHOICES,
     ProbeReport,
@@ -124,7 +124,7 @@ def _sglang_section(load: bool, verdict: Any) -> dict[str, Any]:
     """sglang's version, the entry point, the version guard's `verdict`; with `load`, SGLang's
     own plugin loader run here (imports SGLang)."""
     eps = importlib.metadata.entry_points(group=ENTRY_GROUP)
-    out: dict[str, Any] = {"version": _version("sglang"),
+    out: dict[str, Any] = {"version": _version("sglang"), "plugin": ENTRY_NAME,
                            "plugin_discovered": any(e.name == ENTRY_NAME for e in eps),
                            "plugin_loaded": None}
     if out["version"] is None:
@@ -203,6 +203,7 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     verdict, _ = guard_verdict()  # files read; what it turns off is refused, as at start-up
     flags: dict[str, Any] = {"server_argv": server_argv, "errors": [], "warnings": []}
     settings, values = _parse(server_argv, flags, full)
+    settings, model = _model(settings, values, flags)
     report = probe(assume_arch=assume_arch)
     gpu = report.gpu
     out: dict[str, Any] = {
@@ -214,6 +215,7 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
         "flags": flags,
     }
     out["flags"]["settings"] = settings.to_dict() if settings else None
+    out["model"] = model.to_dict() if model is not None else None
     status = 0
     if settings is None:
         status = 2
@@ -224,7 +226,7 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
         out[Mode.SBO], status = _sbo(settings, values, report)
         out[Mode.TBO] = {"path": _tbo(settings, values)}
     out["compat"] = _compat(report, out, settings)
-    if out["sglang"].get("guard", "ok") != "ok":
+    if out["sglang"].get("guard", "ok") != "ok" or (model is not None and not model.checked):
         status = status or 1
     out["ok"] = status == 0
     return out, status
@@ -252,6 +254,7 @@ def _parse(argv: list[str], flags: dict[str, Any],
     if not argv:
         return OverlapSettings(), None  # no flags: the machine alone
     try:
+        check_model.check_readable(argv)  # a broken config.json: one line, not a traceback
         ns = None if full else check_flags.parse_fast(argv)
         if ns is not None:
             flags["read_by"] = "the plugin's reader of the overlap, MoE and layout flags"
@@ -266,6 +269,19 @@ def _parse(argv: list[str], flags: dict[str, Any],
     settings = check_flags.settings_of(server_args)
     flags["warnings"] = validate_settings(settings, server_facts(server_args))
     return settings, server_args
+
+
+def _model(settings: OverlapSettings | None, values: Any,
+           flags: dict[str, Any]) -> tuple[OverlapSettings | None, check_model.ModelCheck | None]:
+    """The served model checked against the modes asked for; a refusal is a flag error, as at
+    start-up (settings None)."""
+    if settings is None:
+        return None, None
+    try:
+        return settings, check_model.examine(settings, values)
+    except (check_flags.FlagError, SettingsError) as exc:
+        flags["errors"].append(check_flags.one_line(exc))
+        return None, None
 
 
 def _compat(report: ProbeReport, out: dict[str, Any],

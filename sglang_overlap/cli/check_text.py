@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_overlap.cli.check import ENTRY_NAME
+from sglang_overlap.cli.check_model import POINT_AT_LOCAL
 from sglang_overlap.kernels.capabilities import nvidia_driver_present
 from sglang_overlap.modes import Mode
 
@@ -20,7 +20,7 @@ def render(out: dict[str, Any]) -> str:
     lines = [
         f"python {m['python']}, torch {m['torch']}, CUDA {m['cuda']}",
         f"GPU ({m['gpu_source']}): {gpu}",
-        f"sglang {s['version']}: plugin {ENTRY_NAME} "
+        f"sglang {s['version']}: plugin {s['plugin']} "
         f"{'discovered' if s['plugin_discovered'] else 'NOT discovered'} ({loaded}); "
         f"version guard: {s.get('guard', 'not run')}",
     ]
@@ -41,6 +41,8 @@ def render(out: dict[str, Any]) -> str:
         f"  SBO down-GEMM producer (triton {k['triton_version']}): {k['sbo_producer']['serves']}",
     ]
     lines += [f"flags: warning: {w}" for w in out["flags"]["warnings"]]
+    if out.get("model") is not None:
+        lines.append(_model_line(out["model"]))
     sbo = out[Mode.SBO]
     lines.append(f"SBO: {sbo['path'] or 'REFUSED'}: {sbo['refusal'] or sbo['reason']}")
     lines.append(f"TBO: {out[Mode.TBO]['path']}")
@@ -57,3 +59,10 @@ def _compat_lines(c: dict[str, Any]) -> list[str]:
                      + ("will serve" if c["fast_path_serves"] else "will NOT serve"))
     lines += [f"  missing {m['needs']}: {m['fix']}" for m in c["missing"]]
     return lines
+
+
+def _model_line(model: dict[str, Any]) -> str:
+    """One line: the architecture and where it was read, or why the model was not checked."""
+    if model["problem"] is not None:
+        return f"model {model['path']}: not checked: {model['problem']}; {POINT_AT_LOCAL}"
+    return f"model {model['path']}: {model['architecture']} ({model['source']})"
