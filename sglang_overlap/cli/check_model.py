@@ -197,5 +197,7 @@ def examine(settings: OverlapSettings, values: Any) -> ModelCheck | None:
         found = config, where
     config, where = found
     refuse_model(config, settings, model_path)
-    arch = config.get("architectures") or [None]
-    return ModelCheck(model_path, f"{CONFIG} from {where}", arch[0], config=config)
+    from sglang_overlap.models import architecture_of
+
+    return ModelCheck(model_path, f"{CONFIG} from {where}", architecture_of(config),
+                      config=config)

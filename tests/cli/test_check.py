@@ -22,6 +22,12 @@ HAS_TRITON = package_dir("triton") is not None
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here downloads a model's config.json: the answer is the same on any machine."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture(scope="module")
 def model(tiny_dsv3: Path) -> list[str]:
     return ["--model-path", str(tiny_dsv3), "--device", "cpu"]
