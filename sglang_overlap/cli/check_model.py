@@ -84,7 +84,7 @@ def local_config(model_path: str, revision: str | None) -> tuple[dict[str, Any],
     neither holds it. FlagError for a config.json that is there but is not a config."""
     if os.path.isdir(model_path):
         path = os.path.join(model_path, CONFIG)
-        return (_load(path, model_path), path) if os.path.exists(path) else None
+        return (_load(path, model_path), model_path) if os.path.exists(path) else None
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -166,7 +166,7 @@ def _download(model_path: str, revision: str | None) -> tuple[dict[str, Any] | N
                                etag_timeout=DOWNLOAD_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - every failure is named on the report's line
         return None, _download_problem(exc, model_path, revision)
-    return _load(str(path), model_path), "downloaded from the Hugging Face Hub"
+    return _load(str(path), model_path), "the Hugging Face Hub (downloaded)"
 
 
 def examine(settings: OverlapSettings, values: Any) -> ModelCheck | None:
