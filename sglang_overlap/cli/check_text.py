@@ -14,6 +14,10 @@ def render(out: dict[str, Any]) -> str:
     m, s, k = out["machine"], out["sglang"], out["kernels"]
     gpu = ("no CUDA GPU (CPU-only machine: kernels cannot run here)" if m["cpu_only"] else
            f"{m['gpu_name']} {m['gpu_arch']} capability {m['capability']}, {m['sm_count']} SMs")
+    if m.get("gpu_problem"):
+        gpu += f": {m['gpu_problem']}"
+    if m.get("driver_cuda"):
+        gpu += f"; NVIDIA driver for CUDA {m['driver_cuda']}, {m['gpu_count']} GPU(s) visible"
     loaded = {None: "SGLang loads it in every server process; --full runs its loader here",
               True: f"SGLang's loader registered {s.get('hooks_registered')} hooks",
               False: "NOT loaded"}[s["plugin_loaded"]]

@@ -7,7 +7,7 @@ parses the file that defines the function with `ast`, follows `from .x import y`
 `alias = name` assignments, and returns the parameter list. A module that is already imported
 is asked through `inspect.signature` instead. Versions come from the distribution metadata.
 
-The GPU architecture comes from torch, unless SGLANG_OVERLAP_ASSUME_ARCH (or `assume_arch=`)
+The GPU architecture comes from the CUDA driver (`cuda_device`, ctypes: no torch), unless SGLANG_OVERLAP_ASSUME_ARCH (or `assume_arch=`)
 says what to pretend (sm90 | sm100 | cpu): that is how `sglang-overlap check --assume-arch sm90`
 answers for a Hopper box from a CPU machine, and how tests describe one.
 """
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_overlap.kernels import cuda_device
 from sglang_overlap.kernels.triton_versions import installed_triton, kernel_problem
 from sglang_overlap.planning.sbo_layout import BLACKWELL_NUM_SMS, HOPPER_NUM_SMS
 from sglang_overlap.planning.sbo_path import (
@@ -282,6 +283,12 @@ class GpuInfo:
     name: str
     capability: tuple[int, int] | None
     sm_count: int | None
+    driver_cuda: str | None = None
+    """The CUDA version the NVIDIA driver supports ("12.4"); None: assumed, or no driver."""
+    device_count: int | None = None
+    """CUDA devices visible (after CUDA_VISIBLE_DEVICES); None: assumed."""
+    problem: str | None = None
+    """Why no device was found (detected "cpu" only)."""
 
 
 DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
@@ -294,7 +301,8 @@ def nvidia_driver_present() -> bool:
 
 
 def detect_gpu(assume_arch: str | None = None) -> GpuInfo:
-    """The GPU of device 0 (or what `assume_arch` / SGLANG_OVERLAP_ASSUME_ARCH says)."""
+    """The GPU of device 0 (or what `assume_arch` / SGLANG_OVERLAP_ASSUME_ARCH says), asked of
+    the CUDA driver through ctypes (`cuda_device`): torch is not imported."""
     assume = assume_arch or os.environ.get(ASSUME_ARCH_ENV) or None
     if assume is not None:
         if assume not in ARCH_CHOICES:
@@ -302,16 +310,14 @@ def detect_gpu(assume_arch: str | None = None) -> GpuInfo:
                              f"{', '.join(ARCH_CHOICES)} (got {assume!r})")
         cap, sms, name = _ASSUMED[assume]
         return GpuInfo(assume, "assumed", name, cap, sms)  # type: ignore[arg-type]
-    if not nvidia_driver_present():  # CUDA cannot see a device: answer without importing torch
-        return GpuInfo("cpu", "detected", "no CUDA device", None, None)
-    import torch
-
-    if not torch.cuda.is_available():
-        return GpuInfo("cpu", "detected", "no CUDA device", None, None)
-    major, minor = torch.cuda.get_device_capability(0)
-    props = torch.cuda.get_device_properties(0)
-    arch: Arch = {9: "sm90", 10: "sm100"}.get(major, "other")  # type: ignore[assignment]
-    return GpuInfo(arch, "detected", props.name, (major, minor), props.multi_processor_count)
+    facts = cuda_device.query()
+    if not facts.devices:
+        return GpuInfo("cpu", "detected", "no CUDA device", None, None,
+                       driver_cuda=facts.driver_cuda, device_count=0, problem=facts.problem)
+    dev = facts.devices[0]
+    arch: Arch = {9: "sm90", 10: "sm100"}.get(dev.capability[0], "other")  # type: ignore[assignment]
+    return GpuInfo(arch, "detected", dev.name, dev.capability, dev.sm_count,
+                   driver_cuda=facts.driver_cuda, device_count=facts.device_count)
 
 
 def device_num_sms(device: object = None) -> int:

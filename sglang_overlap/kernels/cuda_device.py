@@ -99,12 +99,14 @@ def _device(lib: ctypes.CDLL, ordinal: int) -> CudaDevice:
                       f"{capability[1]})", capability, attribute(_MULTIPROCESSOR_COUNT))
 
 
-def query(library: str = DRIVER_LIBRARY) -> CudaFacts:
-    """The driver's facts (see `CudaFacts`); never raises for a missing or failing driver."""
+def query(library: str | None = None) -> CudaFacts:
+    """The driver's facts (see `CudaFacts`) from `library` (default `DRIVER_LIBRARY`); never
+    raises for a missing or failing driver."""
+    library = library or DRIVER_LIBRARY
     try:
         lib = ctypes.CDLL(library)
     except OSError as exc:
-        return CudaFacts(None, (), f"no NVIDIA driver library ({library}: {exc})")
+        return CudaFacts(None, (), f"no NVIDIA driver library ({exc})")
     version: int | None = None
     try:
         _call(lib, "cuInit", 0)
