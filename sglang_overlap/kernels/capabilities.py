@@ -7,9 +7,10 @@ parses the file that defines the function with `ast`, follows `from .x import y`
 `alias = name` assignments, and returns the parameter list. A module that is already imported
 is asked through `inspect.signature` instead. Versions come from the distribution metadata.
 
-The GPU architecture comes from the CUDA driver (`cuda_device`, ctypes: no torch), unless SGLANG_OVERLAP_ASSUME_ARCH (or `assume_arch=`)
-says what to pretend (sm90 | sm100 | cpu): that is how `sglang-overlap check --assume-arch sm90`
-answers for a Hopper box from a CPU machine, and how tests describe one.
+The GPU architecture comes from the CUDA driver (`cuda_device`: ctypes, no torch), unless
+SGLANG_OVERLAP_ASSUME_ARCH (or `assume_arch=`) says what to pretend (sm90 | sm100 | cpu): that is
+how `sglang-overlap check --assume-arch sm90` answers for a Hopper box from a CPU machine, and how
+tests describe one.
 """
 
 from __future__ import annotations
