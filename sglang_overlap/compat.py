@@ -6,8 +6,9 @@ and deep_ep (version and the combine forms its `low_latency_combine` declares), 
 triton are there, and the GPU generation. Each `Row` lists its requirements; a stack matches a row
 when it meets all of them, and for a row it misses, each unmet requirement says what to install.
 
-Plain Python (the patched-DeepGEMM versions are read from `kernels/signal_deepgemm/versions.py`,
-which imports nothing heavy); no torch, no sglang.
+Plain Python: the patched-DeepGEMM releases and the triton releases that build the plugin's
+kernels are read from `planning/` (pure data, which the kernels read too); no torch, no sglang,
+nothing of `kernels/`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sglang_overlap.planning.deepgemm_releases import RELEASES
 from sglang_overlap.planning.sbo_path import PINNED_DEEP_EP, Arch, CombineForm
+from sglang_overlap.planning.triton_releases import oldest_building
 
 SUPPORTED_SGLANG = "0.5.23"
 """The one sglang release the hooks are written for: the version guard leaves the plugin inert
@@ -29,8 +32,6 @@ SGLANG_TRITON = "3.8.0"
 
 def patched_deep_gemm_versions() -> tuple[str, ...]:
     """The sgl-deep-gemm releases the plugin's DeepGEMM signal patch covers (SM90, with nvcc)."""
-    from sglang_overlap.kernels.signal_deepgemm.versions import RELEASES
-
     return tuple(sorted(RELEASES, key=_version_key))
 
 
@@ -111,8 +112,6 @@ def _patched_dg() -> Requirement:
 _NVCC = Requirement("nvcc (the patched kernel is JIT-compiled)", lambda s: s.nvcc,
                     "install the CUDA toolkit's nvcc and set CUDA_HOME")
 def _triton() -> Requirement:
-    from sglang_overlap.kernels.triton_versions import oldest_building
-
     return Requirement(f"triton {oldest_building('sliced')} or later (the plugin's Triton "
                        "signal GEMM)", lambda s: s.triton, f"pip install triton=={SGLANG_TRITON}")
 _DEEP_EP = Requirement("deep_ep installed", lambda s: s.deep_ep is not None,

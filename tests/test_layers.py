@@ -8,11 +8,15 @@ breaks a rule is caught as well:
 - planning/: pure Python, imports nothing of the package but planning/ and modes (no torch, no
   sglang);
 - kernels/ (what the server runs): never the glue, the commands or sglang;
+- compat.py (the compatibility table): below kernels/ (they read its pins), so it never imports
+  them: the release tables both read are data in planning/;
 - sglang/ (the glue): the only importer of sglang;
 - nothing in the package imports `tests` or `benchmarks` (what only they run: the oracle
   `tests/oracle/`, the GPU harness `benchmarks/harness/`);
 - the oracle and the harness: never sglang or the glue; the oracle shares no code with what it
-  checks (`kernels.layouts`, the dispatchers).
+  checks (`kernels.layouts`, the dispatchers);
+- no import cycle among the package's modules, not even through an import inside a function
+  (the arrow between two modules goes one way: `cli.check` renders with `cli.check_text`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ GLUE = {"sglang", "cli", "launch", "evals", "plugin"}
 # layer -> the package's parts it must not import
 FORBIDDEN = {
     "kernels": GLUE,
+    "compat": GLUE | {"kernels"},
     "oracle": GLUE | {"kernels.layouts", "kernels.a2a", "kernels.experts"},
     "harness": GLUE,
 }
@@ -118,19 +123,26 @@ def test_layers_import_downward_only(module: str) -> None:
     ("tests.oracle.experts", ["sglang_overlap.sglang.state"]),
     ("benchmarks.harness.sbo_layer", ["sglang.srt.utils"]),
     ("sglang_overlap.cli.check", ["sglang.srt.plugins"]),
+    ("sglang_overlap.compat", ["sglang_overlap.kernels.signal_deepgemm.versions"]),
+    ("sglang_overlap.compat", ["sglang_overlap.kernels.triton_versions.oldest_building"]),
+    ("sglang_overlap.compat", ["sglang_overlap.cli.check"]),
 ])
 def test_a_broken_rule_is_caught(module: str, imported: list[str]) -> None:
     assert _violations(module, imported)
 
 
-def _package_graph() -> dict[str, set[str]]:
+def _package_graph(*, top_level_only: bool = True,
+                   prefix: str = "") -> dict[str, set[str]]:
+    """module -> the modules it imports (of those whose names start with `prefix`)."""
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
+        if not module.startswith(prefix):
+            continue
         deps = set()
-        for name in _imports(path, top_level_only=True):
+        for name in _imports(path, top_level_only=top_level_only):
             while name and name not in MODULES:  # `from a.b import c`: c may be a name in a.b
                 name = name.rpartition(".")[0]
-            if name and name != module and not module.startswith(name + "."):
+            if name.startswith(prefix) and name != module and not module.startswith(name + "."):
                 deps.add(name)  # a package's own __init__ is imported first anyway
         graph[module] = deps
     return graph
@@ -160,6 +172,23 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_module_level_import_cycle() -> None:
     assert _cycle(_package_graph()) is None
+
+
+def test_no_import_cycle_in_the_package_even_through_lazy_imports() -> None:
+    """An import inside a function still ties two modules together: one of them must be the
+    lower home of what both use."""
+    graph = _package_graph(top_level_only=False, prefix="sglang_overlap")
+    assert "sglang_overlap.cli.check_text" in graph["sglang_overlap.cli.check"]
+    assert _cycle(graph) is None
+
+
+def test_a_lazy_cycle_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_text importing check back, inside a function, is a cycle."""
+    text = tmp_path / "check_text.py"
+    text.write_text("def render():\n    from sglang_overlap.cli.check import gather\n")
+    monkeypatch.setitem(MODULES, "sglang_overlap.cli.check_text", text)
+    assert _cycle(_package_graph(top_level_only=False, prefix="sglang_overlap")) is not None
+    assert _cycle(_package_graph(prefix="sglang_overlap")) is None  # not at module level
 
 
 def test_a_cycle_is_found() -> None:

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from sglang_overlap.cli import check_flags, check_model
+from sglang_overlap.cli.check_text import render
 from sglang_overlap.kernels.capabilities import (
     ARCH_CHOICES,
     ProbeReport,
@@ -323,7 +324,5 @@ def run(args: argparse.Namespace) -> int:
     elif out["flags"]["errors"]:  # as argparse ends a bad command line: one line, exit 2
         print(f"sglang-overlap check: error: {out['flags']['errors'][0]}", file=sys.stderr)
     else:
-        from sglang_overlap.cli.check_text import render
-
         print(render(out))
     return status

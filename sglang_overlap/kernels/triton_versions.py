@@ -17,15 +17,18 @@ metadata: nothing is imported.
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from sglang_overlap.compat import SGLANG_TRITON, SUPPORTED_SGLANG
+from sglang_overlap.planning.triton_releases import (
+    CHECKED,
+    KERNELS,
+    Kernel,
+    TritonCheck,
+    oldest_building,
+    release,
+)
 
-Kernel = Literal["fused", "sliced", "silu_quant"]
-KERNELS: tuple[Kernel, ...] = ("fused", "sliced", "silu_quant")
 WHAT: dict[Kernel, str] = {
     "fused": "the fused Triton SBO producer (kernels/signal_fused.py)",
     "sliced": "the sliced SBO producer's signal store (kernels/signal_sliced.py)",
@@ -33,45 +36,6 @@ WHAT: dict[Kernel, str] = {
 }
 RECOMMENDED = SGLANG_TRITON
 """What to install: the triton the supported SGLang installs."""
-
-
-@dataclass(frozen=True)
-class TritonCheck:
-    """One triton release, compiled against."""
-
-    version: str
-    builds: frozenset[Kernel]
-    error: str = ""
-    """Where a kernel does not build: the error, in a few words (what users are told)."""
-
-
-_ALL = frozenset(KERNELS)
-_NONE: frozenset[Kernel] = frozenset()
-
-CHECKED: tuple[TritonCheck, ...] = (
-    # the kernels are defined inside the function that imports triton.language (a lazy
-    # import); triton before 3.4 resolves a kernel's names in its module globals only
-    TritonCheck("3.3.1", _NONE, "NameError: triton before 3.4 does not see the kernel's lazily "
-                "imported triton.language"),
-    TritonCheck("3.4.0", _ALL),
-    TritonCheck("3.5.1", _ALL),
-    TritonCheck("3.6.0", _ALL),
-    TritonCheck("3.8.0", _ALL),
-)
-
-
-def oldest_building(kernel: Kernel) -> str:
-    """The oldest checked release that builds `kernel`."""
-    return min((r.version for r in CHECKED if kernel in r.builds), key=release)
-
-
-def release(version: str) -> tuple[int, ...]:
-    """(3, 6, 0) of "3.6.0", "3.6.0+git1234" or "3.6.0rc1" (the numeric release only)."""
-    match = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if match is None:
-        raise ValueError(f"not a triton version: {version!r}")
-    parts = tuple(int(p) for p in match.group(0).split("."))
-    return parts + (0,) * (3 - len(parts))
 
 
 def installed_triton(search_path: Sequence[str] | None = None) -> str | None:
@@ -103,3 +67,7 @@ def kernel_problem(kernel: Kernel, version: str | None) -> str | None:
         return None
     judged = "" if row.version == version else f", as {row.version} (the nearest checked below)"
     return f"{WHAT[kernel]} does not build on triton {version} ({row.error}{judged}): {fix}"
+
+
+__all__ = ["CHECKED", "KERNELS", "RECOMMENDED", "WHAT", "Kernel", "TritonCheck",
+           "installed_triton", "kernel_problem", "oldest_building", "release"]
