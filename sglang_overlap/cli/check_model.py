@@ -50,8 +50,8 @@ class ModelCheck:
 def known_architecture(model_path: str) -> str | None:
     """The architecture of a Hugging Face id the package's table names (`org/DeepSeek-V3`),
     matched on the id's last part; None for any other path."""
-    org, slash, name = model_path.partition("/")
-    if not slash or not org or "/" in name or os.path.exists(model_path):
+    org, _, name = model_path.partition("/")
+    if not org or not name or os.path.exists(model_path):  # a local folder: its config decides
         return None
     for row in TABLE:
         if name.lower() in (m.strip().lower() for m in row.models.split(",")):

@@ -66,6 +66,13 @@ def test_models_known_by_name(path: str, arch: str | None) -> None:
     assert known_architecture(path) == arch
 
 
+def test_a_local_folder_is_never_known_by_name(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deepseek-ai" / "DeepSeek-V3").mkdir(parents=True)
+    assert known_architecture("deepseek-ai/DeepSeek-V3") is None
+
+
 def test_a_known_refused_model_is_refused_offline(capsys: pytest.CaptureFixture[str],
                                                   tmp_path: Path) -> None:
     """By name, with no config.json anywhere, and from a local folder: the same one line."""
@@ -84,6 +91,7 @@ def test_a_known_proven_model_is_ready_offline(capsys: pytest.CaptureFixture[str
                         "--assume-arch", "sm90")
     lines = out.splitlines()
     assert rc <= 1 and any(line.startswith("TBO: on (deepep") for line in lines), out
+    assert any(": plugin sglang_overlap " in line for line in lines), out
     assert ("model deepseek-ai/DeepSeek-V3: DeepseekV3ForCausalLM (known by name; config.json "
             "not read)") in lines
 
