@@ -120,6 +120,8 @@ def _not_here(model_path: str) -> str | None:
     """Why a path that names a local folder cannot be read (None: a Hub id, or no local path)."""
     if os.path.isdir(model_path):
         return f"the folder holds no {CONFIG}"
+    if os.path.exists(model_path):
+        return f"a file, not a folder holding {CONFIG}"
     if model_path.startswith(("/", ".", "~")) or model_path.count("/") > 1:
         return "no such folder on this machine"
     return None

@@ -114,6 +114,7 @@ def test_an_unseen_model_is_one_line_and_not_ready(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize(("make", "problem"), [
     (lambda tmp: str(tmp / "no-such-folder"), "no such folder on this machine"),
     (lambda tmp: str(tmp), "the folder holds no config.json"),
+    (lambda tmp: __file__, "a file, not a folder holding config.json"),
 ])
 def test_a_local_path_without_a_config(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                        make: Any, problem: str) -> None:
