@@ -221,11 +221,15 @@ def test_a_downloaded_config_of_a_refused_model_is_one_line(hub: str, tmp_path: 
         "table of proven models)" in done.stderr, done.stderr[-3000:]
 
 
-def test_a_downloaded_proven_config_is_ready(hub: str, tmp_path: Path) -> None:
+def test_a_downloaded_proven_config_is_ready_then_cached(hub: str, tmp_path: Path) -> None:
     done = _cli(hub, tmp_path, "--model-path", "org/dsv3-ft", *TBO)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert ("model org/dsv3-ft: DeepseekV3ForCausalLM (config.json from the Hugging Face "
             "Hub (downloaded))") in done.stdout.splitlines()
+    cached = _cli("http://127.0.0.1:9", tmp_path, "--model-path", "org/dsv3-ft", *TBO)
+    assert cached.returncode == 0, cached.stdout + cached.stderr[-3000:]
+    assert ("model org/dsv3-ft: DeepseekV3ForCausalLM (config.json from the Hugging Face "
+            "cache)") in cached.stdout.splitlines()
 
 
 @pytest.mark.parametrize(("endpoint", "problem"), [
