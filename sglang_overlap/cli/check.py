@@ -4,13 +4,15 @@ Takes the same flags as `sglang serve` and runs the server's own validation on t
 (`sglang.server_args.check_settings`); flags made only of the overlap, MoE and layout ones are
 read without importing SGLang (`check_flags.parse_fast`: an answer in about a second), any other
 flag, or `--full`, goes through SGLang's own parser with the plugin loaded. A flag SGLang or the
-plugin would refuse is one `error:` line, exit status 2 (with `--json`, the report says so). It
-reports: the SGLang version and whether the plugin is discovered and loaded; torch,
-CUDA, the GPU architecture and SM count; deep_ep / deep_gemm versions, whether they import, and
-which overlap forms they declare (read from their Python files: nothing CUDA is loaded in this
-process; the import is tried in a subprocess where an NVIDIA driver is present); and the SBO and
-TBO paths these flags would use. Exit status 1 when the flags cannot work here. `--assume-arch
-sm90` answers for a Hopper box from any machine.
+plugin would refuse, or a served model a mode asked for is not proven on (`check_model`), is one
+`error:` line, exit status 2 (with `--json`, the report says so). It reports: the SGLang version
+and whether the plugin is discovered and loaded; torch and its CUDA (read from files), the GPUs
+as the CUDA driver reports them (`kernels.cuda_device`, ctypes: torch is not imported);
+deep_ep / deep_gemm versions, whether they import, and which overlap forms they declare (read
+from their Python files; the import is tried in a subprocess where an NVIDIA driver is present);
+the served model's architecture; and the SBO and TBO paths these flags would use. Exit status 1
+when the flags cannot work here, or when the model could not be checked (one line says why).
+`--assume-arch sm90` answers for a Hopper box from any machine.
 """
 
 from __future__ import annotations

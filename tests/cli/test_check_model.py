@@ -96,6 +96,18 @@ def test_a_known_proven_model_is_ready_offline(capsys: pytest.CaptureFixture[str
             "not read)") in lines
 
 
+def test_the_full_check_of_a_known_model_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    """.ci/run's `check --json --full --model-path deepseek-ai/DeepSeek-V3`."""
+    pytest.importorskip("sglang")
+    rc, report = _json(capsys, "--full", "--model-path", "deepseek-ai/DeepSeek-V3")
+    assert report["sglang"]["guard"] == "ok" and report["sglang"]["plugin_loaded"], report
+    assert rc == 0 and report["model"] is None  # no mode asked: the model is not looked at
+    rc, report = _json(capsys, "--full", "--model-path", "deepseek-ai/DeepSeek-V3",
+                       "--enable-two-batch-overlap", "--moe-a2a-backend", "deepep", "--tp", "16")
+    assert report["model"]["architecture"] == "DeepseekV3ForCausalLM", report["model"]
+    assert report["flags"]["read_by"].startswith("SGLang's parser")
+
+
 def test_an_unseen_model_is_one_line_and_not_ready(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _check(capsys, "--model-path", "sglang-overlap-tests/no-such-model", *TBO)
     lines = out.splitlines()
