@@ -1,7 +1,7 @@
 """The deep_gemm releases the plugin's DeepGEMM signal patch covers: the table as data.
 
-One row per release: the exact sha256 of its `sm90_fp8_gemm_1d2d.cuh`, the patch file under
-`kernels/signal_deepgemm/patches/<version>/` (package data), and the template arguments the
+One row per release: the exact sha256 of its `sm90_fp8_gemm_1d2d.cuh`, the patch file (package
+data of `kernels/signal_deepgemm`, one folder per version), and the template arguments the
 release's kernel takes between `cd_dtype_t` and the patch's signal parameters. Supporting another
 release is one row here and one patch file. Pure data, below both its readers:
 `kernels/signal_deepgemm/` (which builds and serves the patched kernel) and `compat.py` (the
