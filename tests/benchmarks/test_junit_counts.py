@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import junit_counts  # noqa: E402
+from benchmarks import junit_counts
 
 SUITE = {
     "test_a.py": "import pytest\n"
@@ -65,5 +64,11 @@ def test_all_green_and_an_empty_report(tmp_path: Path, capsys: pytest.CaptureFix
     ("tests.gpu.test_x", "tests/gpu/test_x.py"), ("tests.gpu.test_x.TestY", "tests/gpu/test_x.py"),
     ("", "?")])
 def test_case_file_from_classname(classname: str, want: str) -> None:
-    import xml.etree.ElementTree as ET
     assert junit_counts.case_file(ET.Element("testcase", classname=classname)) == want
+
+
+def test_an_error_alone_fails_the_table(tmp_path: Path) -> None:
+    xml = _report(tmp_path, "errs", ["test_b.py"])
+    text, ok = junit_counts.table([xml])
+    assert not ok, text
+    assert "| errs | test_b.py | 1 | 0 | 1 | 0 |" in text, text
