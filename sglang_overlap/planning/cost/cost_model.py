@@ -102,9 +102,9 @@ def micro_batches(mode: Mode, deploy: Deployment,
 def _sbo_units(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
                moe_tokens: float) -> int:
     """Units the down GEMM signals in which rows actually arrive (block granularity)."""
-    layout = layout_of(model, deploy)
-    local = layout.per_rank
-    rows = layout.rows_per_expert(moe_tokens, model.topk)
+    experts = layout_of(model, deploy)
+    local = experts.per_rank
+    rows = experts.rows_per_expert(moe_tokens, model.topk)
     capacity = max(1, int(rows + 0.999999))
     layout = plan_sbo_layout(
         num_local_experts=local, capacity=capacity, block_m=hw.block_m, block_n=SBO_BLOCK_N,
