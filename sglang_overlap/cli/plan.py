@@ -73,12 +73,12 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
     p.add_argument("--ep-num-redundant-experts", dest="redundant", type=int, default=0,
                    metavar="N", help="SGLang's redundant expert slots per MoE layer (default 0; "
                    "DeepSeek-V3 on EP 72: 32, making 288 = 72 x 4)")
-    p.add_argument("--init-expert-location", default=TRIVIAL, metavar="LOCATION",
+    p.add_argument("--init-expert-location", type=str, default=TRIVIAL, metavar="LOCATION",
                    help="SGLang's initial expert placement (default trivial); any other value "
                    "turns on the dispatch that sends tokens to the redundant copies")
     p.add_argument("--enable-eplb", action="store_true",
                    help="SGLang's EPLB: tokens reach the redundant copies; needs --ep-size > 1")
-    p.add_argument("--ep-dispatch-algorithm", choices=DISPATCH_CHOICES, default=None,
+    p.add_argument("--ep-dispatch-algorithm", type=str, choices=DISPATCH_CHOICES, default=None,
                    help="SGLang's replica dispatch (default: static with --enable-eplb or a "
                    "non-trivial --init-expert-location, else none: redundant copies stay idle)")
     p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp", type=int,
