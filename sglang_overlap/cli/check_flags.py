@@ -47,6 +47,9 @@ SGLANG_SUBSET: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--deepep-mode",), {"type": str, "default": "auto",
                           "choices": ("auto", "normal", "low_latency")}),
     (("--moe-runner-backend",), {"type": str, "default": "auto", "choices": RUNNER_CHOICES}),
+    (("--ep-num-redundant-experts",), {"type": int, "default": 0}),
+    (("--init-expert-location",), {"type": str, "default": "trivial"}),
+    (("--enable-eplb",), {"action": "store_true"}),
 )
 """The SGLang flags `parse_fast` knows. `--tp` and `--dp` are not option strings of SGLang's
 parser: argparse there takes them as unambiguous prefixes of `--tp-size` / `--dp-size`."""

@@ -27,6 +27,7 @@ from sglang_overlap.planning.cost.experts import (
     idle_replicas_note,
     layout_of,
     replicas_dispatched,
+    server_ep_size,
 )
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.profiles import (
@@ -157,6 +158,28 @@ def deployment(args: argparse.Namespace, model: ModelProfile) -> Deployment:
                       context_len=args.context_len,
                       two_chunk_threshold=args.tbo_token_distribution_threshold,
                       num_redundant_experts=args.redundant, redundant_experts_used=used)
+
+
+def expert_layout_error(values: Any) -> str | None:
+    """For `check`: the refusal `plan` gives a server's expert layout (a parsed namespace or
+    ServerArgs: --model-path, --ep-size / --tp-size and --moe-a2a-backend, the redundant
+    experts, --enable-eplb), or None; also None for a model whose routed experts cannot be
+    read here (not a shipped profile, no config.json in the directory, or no MoE)."""
+    try:
+        model = resolve_model(str(getattr(values, "model_path", "") or ""))
+    except (ProfileError, ValueError, OSError):
+        return None
+    ep, ep_flag = server_ep_size(int(getattr(values, "ep_size", 1) or 1),
+                                 int(getattr(values, "tp_size", 1) or 1),
+                                 str(getattr(values, "moe_a2a_backend", "none") or "none"))
+    try:
+        check_expert_layout(model.num_experts,
+                            int(getattr(values, "ep_num_redundant_experts", 0) or 0), ep,
+                            model=model.name, ep_flag=ep_flag)
+        check_eplb(bool(getattr(values, "enable_eplb", False)), ep)
+    except ProfileError as exc:
+        return str(exc)
+    return None
 
 
 def to_json(pred: Prediction) -> dict[str, Any]:

@@ -96,9 +96,24 @@ def layout_of(model: ModelProfile, deploy: Deployment) -> ExpertLayout:
                         deploy.redundant_experts_used)
 
 
+EP_SPANNING_A2A = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl",
+                             "ascend_fuseep", "flashinfer", "flashinfer_megamoe", "mori", "pplx",
+                             "torch_a2a"})
+"""--moe-a2a-backend values under which SGLang sets ep_size = tp_size
+(`arg_groups/overrides._A2A_EP_SPANNING_BACKENDS`; the plugin's torch_a2a resolves to deepep)."""
+
+
+def server_ep_size(ep_size: int, tp_size: int, a2a_backend: str) -> tuple[int, str]:
+    """(the EP size SGLang serves with, how to name it in a message) from its flags."""
+    if a2a_backend in EP_SPANNING_A2A:
+        return tp_size, f"--ep-size {tp_size} (--tp-size, as --moe-a2a-backend {a2a_backend} sets)"
+    return ep_size, f"--ep-size {ep_size}"
+
+
 def check_expert_layout(routed: int, redundant: int, ep_size: int, *, model: str = "",
-                        replicas_used: bool = True) -> ExpertLayout:
-    """The layout, or ExpertLayoutError where SGLang would refuse it at start."""
+                        replicas_used: bool = True, ep_flag: str = "") -> ExpertLayout:
+    """The layout, or ExpertLayoutError where SGLang would refuse it at start. `ep_flag` names
+    the EP size in the message (default "--ep-size N")."""
     if redundant < 0:
         raise ExpertLayoutError(f"{REDUNDANT_FLAG} must be >= 0 (got {redundant})")
     if ep_size < 1:
@@ -108,7 +123,8 @@ def check_expert_layout(routed: int, redundant: int, ep_size: int, *, model: str
         of = f" of {model}" if model else ""
         fit = redundant_to_fit(routed, ep_size, near=redundant)
         raise ExpertLayoutError(
-            f"--ep-size {ep_size} must divide the {routed} routed + {redundant} redundant "
+            f"{ep_flag or f'--ep-size {ep_size}'} must divide the {routed} routed + "
+            f"{redundant} redundant "
             f"experts{of} ({REDUNDANT_FLAG} {redundant}); {REDUNDANT_FLAG} {fit} would make "
             f"{routed + fit} = {ep_size} GPUs x {(routed + fit) // ep_size} experts")
     return ExpertLayout(routed, redundant, ep_size, replicas_used)
@@ -131,6 +147,7 @@ def idle_replicas_note(layout: ExpertLayout) -> str:
 
 __all__ = [
     "DISPATCH_CHOICES",
+    "EP_SPANNING_A2A",
     "REDUNDANT_FLAG",
     "TRIVIAL",
     "ExpertLayout",
@@ -141,4 +158,5 @@ __all__ = [
     "layout_of",
     "redundant_to_fit",
     "replicas_dispatched",
+    "server_ep_size",
 ]
