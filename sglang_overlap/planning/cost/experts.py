@@ -1,5 +1,5 @@
-"""How SGLang 0.5.23 lays a model's routed experts over the expert-parallel ranks, redundant
-experts included, and which of them receive tokens.
+"""How the supported SGLang lays a model's routed experts over the expert-parallel ranks,
+redundant experts included, and which of them receive tokens.
 
 SGLang's rules (`sglang.srt.eplb.expert_location`, `layers/moe/fused_moe_triton/layer.py`,
 `arg_groups/parallel_hook.py`):
@@ -31,7 +31,7 @@ TRIVIAL = "trivial"
 
 REDUNDANT_FLAG = "--ep-num-redundant-experts"
 DISPATCH_CHOICES = ("static", "dynamic", "fake", "lp")
-"""SGLang 0.5.23's --ep-dispatch-algorithm choices."""
+"""The supported SGLang's --ep-dispatch-algorithm choices."""
 
 
 class ExpertLayoutError(ProfileError):
