@@ -48,6 +48,10 @@ def test_the_json_report_names_the_refusal(capsys: pytest.CaptureFixture[str]) -
     rc, out, _ = _check(capsys, "--json", *DSV3, *EP72)
     data: dict[str, Any] = json.loads(out)
     assert rc == 2 and data["flags"]["errors"] == [EP72_REFUSED] and data["ok"] is False
+    assert data["flags"]["read_by"].startswith("the plugin's reader")  # no SGLang import
+    rc, out, _ = _check(capsys, "--json", *DSV3, *EP72, "--ep-num-redundant-experts", "32",
+                        "--enable-eplb", "--init-expert-location", "counts.json")
+    assert json.loads(out)["flags"]["read_by"].startswith("the plugin's reader")
     assert data["tbo"] == {"path": None}
 
 

@@ -78,6 +78,13 @@ def test_the_model_is_named_only_when_known() -> None:
         check_expert_layout(256, 0, 72)
 
 
+@pytest.mark.parametrize(("near", "fit"), [(0, 32), (32, 32), (67, 32), (68, 32), (69, 104),
+                                           (104, 104), (140, 104), (141, 176)])
+def test_redundant_to_fit_ties_go_to_the_smaller(near: int, fit: int) -> None:
+    """EP72 over 256 routed: 32, 104, 176 ... divide; 68 is 36 from both 32 and 104."""
+    assert redundant_to_fit(256, 72, near) == fit, f"{near=}"
+
+
 def reference_fit(routed: int, ep: int, near: int) -> int:
     """Brute force: the count nearest `near` (smaller on a tie) that divides."""
     fits = [r for r in range(0, near + 2 * ep + 1) if (routed + r) % ep == 0]
