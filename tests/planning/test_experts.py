@@ -203,3 +203,14 @@ def test_sbo_signals_follow_the_experts_per_gpu() -> None:
     four = _sbo_units(DSV3, H100, EP72, 128.0)
     three = _sbo_units(DSV3, H100, dataclasses.replace(EP72, num_redundant_experts=0), 128.0)
     assert four > three, (four, three)
+
+
+def test_lmsys_ep72_decode_row() -> None:
+    """docs/planning.md's decode row: LMSYS served 22.3k output tok/s per node on 9 x 8 H100
+    (EP72 with 32 redundant experts, 2K input, 256 sequences per GPU); the model, not refitted
+    on decode, says 28.6k with TBO (+28%)."""
+    deploy = Deployment(ep_size=72, num_redundant_experts=32, tokens_per_gpu=256,
+                        context_len=2048)
+    per_node = predict(DSV3, H100, deploy).estimates["tbo"].throughput_per_gpu * 8
+    assert 28_550 <= per_node <= 28_650, per_node
+    assert 0.27 <= per_node / 22_300 - 1 <= 0.29
