@@ -50,7 +50,8 @@ def test_the_json_report_names_the_refusal(capsys: pytest.CaptureFixture[str]) -
     assert rc == 2 and data["flags"]["errors"] == [EP72_REFUSED] and data["ok"] is False
     assert data["flags"]["read_by"].startswith("the plugin's reader")  # no SGLang import
     rc, out, _ = _check(capsys, "--json", *DSV3, *EP72, "--ep-num-redundant-experts", "32",
-                        "--enable-eplb", "--init-expert-location", "counts.json")
+                        "--enable-eplb", "--init-expert-location", "counts.json",
+                        "--ep-dispatch-algorithm", "static")
     assert json.loads(out)["flags"]["read_by"].startswith("the plugin's reader")
     assert data["tbo"] == {"path": None}
 
