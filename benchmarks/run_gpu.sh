@@ -302,28 +302,35 @@ if [ "$MODE" = graphsets ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$MODE" = gpusuite ]; then
-  # every file of tests/gpu on this stack; the DeepEP tests once per tree. Workers per card:
-  # the fp64 references take ~36 GiB per worker (test_deepgemm_signal), the SBO layer ~40 GiB
+  # every file of tests/gpu on this stack, the DeepEP tests once per tree; pytest workers per file
+  # from its gpu_mem markers and this card's memory (tests/gpu/memory.py: files needing the same
+  # workers share a run); per-file counts from each run's JUnit report (benchmarks/junit_counts.py)
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  big=$(( ${mib:-81000} >= 120000 ? 3 : 1 )); many=$(( ${mib:-81000} >= 120000 ? 6 : 2 ))
-  suite() {  # suite NAME [pytest args...]: one pytest run, its last line and failures printed
-    local name=$1; shift
-    timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "$@" \
-      > "$OUT/pytest_$name.txt" 2>&1 || rc=1
-    echo "pytest ($name): $(tail -1 "$OUT/pytest_$name.txt")"
+  gib=$(( ${mib:-81000} / 1024 ))
+  suite() {  # suite NAME WORKERS FILE...: one pytest run, its last line and failures printed
+    local name=$1 n=$2; shift 2
+    local xdist=(); [ "$n" -gt 1 ] && xdist=(-n "$n")
+    timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "${xdist[@]}" \
+      --junitxml="$OUT/junit_$name.xml" "$@" > "$OUT/pytest_$name.txt" 2>&1 || rc=1
+    echo "pytest ($name, $n workers): $(tail -1 "$OUT/pytest_$name.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.txt" | head -20
   }
   export SGLANG_OVERLAP_REQUIRE_DEEPEP=1 SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1
   export SGLANG_OVERLAP_REQUIRE_DGOWN=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-4}
+  deepep_files=(tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py)
   for tree in "${tree_list[@]}"; do
-    PYTHONPATH=$tree:$PYTHONPATH suite "deepep_$(basename "$tree")" \
-      tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py -n "$big"
+    while read -r n files; do
+      # shellcheck disable=SC2086
+      PYTHONPATH=$tree:$PYTHONPATH suite "deepep_$(basename "$tree")_w$n" "$n" $files
+    done < <(python3 -m tests.gpu.memory --total-gib "$gib" --groups "${deepep_files[@]}")
   done
-  suite dg_signal tests/gpu/test_deepgemm_signal.py -n "$many"
-  suite rest tests/gpu -n "$many" --ignore=tests/gpu/test_deepep_kernels.py \
-    --ignore=tests/gpu/test_sbo_layer.py --ignore=tests/gpu/test_deepgemm_signal.py
-  for f in "$OUT"/pytest_*.txt; do echo "$(basename "$f" .txt): $(tail -1 "$f")"; done \
-    | tee "$OUT/gpusuite.md"
+  while read -r n files; do
+    # shellcheck disable=SC2086
+    suite "w$n" "$n" $files
+  done < <(python3 -m tests.gpu.memory --total-gib "$gib" --groups \
+           --exclude test_deepep_kernels.py --exclude test_sbo_layer.py)
+  python3 benchmarks/junit_counts.py "$OUT"/junit_*.xml | tee "$OUT/gpusuite.md"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$MODE" = gemm ] || [ "$MODE" = all ]; then
   python3 benchmarks/gpu_suite.py all --out "$OUT" "$@" || rc=1

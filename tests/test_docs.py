@@ -1,6 +1,6 @@
 """The docs against the code: docs/architecture.md's hook table lists exactly the hooks the plugin
-registers (target, kind, feature, glue file), and every repository path the docs write in
-backticks exists."""
+registers (target, kind, feature, glue file), every repository path the docs write in backticks
+exists, every relative link resolves, and docs/gating.md's flag table matches the settings."""
 
 from __future__ import annotations
 
@@ -82,3 +82,33 @@ def test_the_docs_write_repository_paths() -> None:
 @pytest.mark.parametrize(("doc", "path"), _doc_paths())
 def test_every_path_in_the_docs_exists(doc: str, path: str) -> None:
     assert _exists(path), f"docs/{doc} names `{path}`, which is not in the repository"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _doc_links() -> list[tuple[str, str]]:
+    return [(md.name, t.split("#")[0]) for md in sorted(DOCS.glob("*.md"))
+            for t in LINK.findall(md.read_text()) if not t.startswith(("http", "#"))]
+
+
+def test_the_docs_link_each_other() -> None:
+    assert len(_doc_links()) > 5  # the pattern still finds the docs' links
+
+
+@pytest.mark.parametrize(("doc", "target"), _doc_links())
+def test_every_relative_link_in_the_docs_resolves(doc: str, target: str) -> None:
+    assert (DOCS / target).resolve().is_file(), f"docs/{doc} links to {target}, which is missing"
+
+
+def test_the_gating_flag_table_matches_the_settings() -> None:
+    from tests.test_readme import expected_defaults, table_defaults
+
+    section = (DOCS / "gating.md").read_text().split("## The tuning flags", 1)[1].split("\n## ")[0]
+    table = table_defaults(section)
+    expected = expected_defaults()
+    assert {"--overlap-gating-hysteresis", "--overlap-gating-explore", "--overlap-gating-trials",
+            "--overlap-gating-sync-steps", "--overlap-hardware-profile"} == set(table)
+    for flag, default in table.items():
+        want = expected[flag]
+        assert default == want, f"{flag=} gating.md={default!r} settings={want!r}"

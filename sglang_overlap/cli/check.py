@@ -206,6 +206,12 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     verdict, _ = guard_verdict()  # files read; what it turns off is refused, as at start-up
     flags: dict[str, Any] = {"server_argv": server_argv, "errors": [], "warnings": []}
     settings, values = _parse(server_argv, flags, full)
+    if settings is not None and values is not None:  # the expert layout `plan` would refuse
+        from sglang_overlap.cli.plan import expert_layout_error
+
+        if (why := expert_layout_error(values)) is not None:
+            flags["errors"].append(why)
+            settings = None
     settings, model = _model(settings, values, flags)
     report = probe(assume_arch=assume_arch)
     gpu = report.gpu

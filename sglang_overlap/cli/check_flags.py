@@ -18,6 +18,7 @@ import io
 import typing
 from typing import Any
 
+from sglang_overlap.planning.cost.experts import DISPATCH_CHOICES
 from sglang_overlap.settings import OverlapSettings, SettingsError, add_arguments
 
 A2A_CHOICES = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer",
@@ -47,6 +48,11 @@ SGLANG_SUBSET: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--deepep-mode",), {"type": str, "default": "auto",
                           "choices": ("auto", "normal", "low_latency")}),
     (("--moe-runner-backend",), {"type": str, "default": "auto", "choices": RUNNER_CHOICES}),
+    (("--ep-num-redundant-experts",), {"type": int, "default": 0}),
+    (("--init-expert-location",), {"type": str, "default": "trivial"}),
+    (("--enable-eplb",), {"action": "store_true"}),
+    (("--ep-dispatch-algorithm",), {"type": str, "default": None,
+                                    "choices": DISPATCH_CHOICES}),
 )
 """The SGLang flags `parse_fast` knows. `--tp` and `--dp` are not option strings of SGLang's
 parser: argparse there takes them as unambiguous prefixes of `--tp-size` / `--dp-size`."""

@@ -18,6 +18,17 @@ from typing import Any
 
 from sglang_overlap.modes import PHASES, PLAN_MODES, Mode, Phase
 from sglang_overlap.planning.cost.cost_model import Prediction, predict
+from sglang_overlap.planning.cost.experts import (
+    DISPATCH_CHOICES,
+    TRIVIAL,
+    ExpertLayout,
+    check_eplb,
+    check_expert_layout,
+    idle_replicas_note,
+    layout_of,
+    replicas_dispatched,
+    server_ep_size,
+)
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.profiles import (
     GPU_NAMES,
@@ -46,8 +57,9 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
         name, help=help, description=__doc__.split("\n\n")[0] + " Defaults: DeepSeek-V3 decode "
         "on 2x8 H20, EP16 with DP attention, 32 tokens per GPU, 4096-token context. The layout "
         "flags are SGLang's (`--model-path`, `--tp-size`/`--tp`, `--ep-size`/`--ep`, `--nnodes`, "
-        "`--dp-size`, `--enable-dp-attention`, `--attn-dp-size`), so a serve command's layout can "
-        "be pasted; `--tp-size` without `--ep-size` means EP = TP, as with "
+        "`--dp-size`, `--enable-dp-attention`, `--attn-dp-size`, `--ep-num-redundant-experts`, "
+        "`--init-expert-location`, `--enable-eplb`, `--ep-dispatch-algorithm`), so a serve "
+        "command's layout can be pasted; `--tp-size` without `--ep-size` means EP = TP, as with "
         "`--moe-a2a-backend deepep`.")
     p.add_argument("--gpu", default="H20", metavar="GPU",
                    help=f"{', '.join(GPU_NAMES)}, or a profile JSON (e.g. one written by the "
@@ -58,7 +70,18 @@ def add_parser(subparsers: Any, name: str, help: str) -> None:  # noqa: A002 - d
     p.add_argument("--phase", choices=PHASES, default=DEFAULTS.phase)
     p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep", type=int,
                    default=None, help=f"expert-parallel size (default: --tp-size if given, else "
-                   f"{DEFAULTS.ep_size}); must divide the model's routed experts")
+                   f"{DEFAULTS.ep_size}); must divide the model's routed + redundant experts")
+    p.add_argument("--ep-num-redundant-experts", dest="redundant", type=int, default=0,
+                   metavar="N", help="SGLang's redundant expert slots per MoE layer (default 0; "
+                   "DeepSeek-V3 on EP 72: 32, making 288 = 72 x 4)")
+    p.add_argument("--init-expert-location", type=str, default=TRIVIAL, metavar="LOCATION",
+                   help="SGLang's initial expert placement (default trivial); any other value "
+                   "turns on the dispatch that sends tokens to the redundant copies")
+    p.add_argument("--enable-eplb", action="store_true",
+                   help="SGLang's EPLB: tokens reach the redundant copies; needs --ep-size > 1")
+    p.add_argument("--ep-dispatch-algorithm", type=str, choices=DISPATCH_CHOICES, default=None,
+                   help="SGLang's replica dispatch (default: static with --enable-eplb or a "
+                   "non-trivial --init-expert-location, else none: redundant copies stay idle)")
     p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp", type=int,
                    default=None, help="SGLang's --tp-size: the GPUs of the server, all nodes")
     p.add_argument("--nnodes", type=int, default=None,
@@ -120,9 +143,12 @@ def deployment(args: argparse.Namespace, model: ModelProfile) -> Deployment:
         per_node = args.gpus_per_node or args.tp // nnodes
         attn_dp = max(args.attn_dp, args.dp if args.enable_dp_attention else 1)
         dp_attention = attn_dp > 1 and not args.no_dp_attention
-    if model.num_experts % ep:
-        raise ProfileError(f"--ep-size {ep} must divide the {model.num_experts} routed experts "
-                           f"of {model.name}")
+    used = replicas_dispatched(enable_eplb=args.enable_eplb,
+                               init_expert_location=args.init_expert_location,
+                               ep_dispatch_algorithm=args.ep_dispatch_algorithm)
+    check_expert_layout(model.num_experts, args.redundant, ep, model=model.name,
+                        replicas_used=used)
+    check_eplb(args.enable_eplb, ep)
     try:
         check_threshold(args.tbo_token_distribution_threshold)
     except ValueError as exc:
@@ -130,7 +156,30 @@ def deployment(args: argparse.Namespace, model: ModelProfile) -> Deployment:
     return Deployment(phase=args.phase, ep_size=ep, gpus_per_node=per_node,
                       dp_attention=dp_attention, tokens_per_gpu=args.tokens_per_gpu,
                       context_len=args.context_len,
-                      two_chunk_threshold=args.tbo_token_distribution_threshold)
+                      two_chunk_threshold=args.tbo_token_distribution_threshold,
+                      num_redundant_experts=args.redundant, redundant_experts_used=used)
+
+
+def expert_layout_error(values: Any) -> str | None:
+    """For `check`: the refusal `plan` gives a server's expert layout (a parsed namespace or
+    ServerArgs: --model-path, --ep-size / --tp-size and --moe-a2a-backend, the redundant
+    experts, --enable-eplb), or None; also None for a model whose routed experts cannot be
+    read here (not a shipped profile, no config.json in the directory, or no MoE)."""
+    try:
+        model = resolve_model(str(getattr(values, "model_path", "") or ""))
+    except (ProfileError, ValueError, OSError):
+        return None
+    ep, ep_flag = server_ep_size(int(getattr(values, "ep_size", 1) or 1),
+                                 int(getattr(values, "tp_size", 1) or 1),
+                                 str(getattr(values, "moe_a2a_backend", "none") or "none"))
+    try:
+        check_expert_layout(model.num_experts,
+                            int(getattr(values, "ep_num_redundant_experts", 0) or 0), ep,
+                            model=model.name, ep_flag=ep_flag)
+        check_eplb(bool(getattr(values, "enable_eplb", False)), ep)
+    except ProfileError as exc:
+        return str(exc)
+    return None
 
 
 def to_json(pred: Prediction) -> dict[str, Any]:
@@ -141,8 +190,13 @@ def to_json(pred: Prediction) -> dict[str, Any]:
                "gain_vs_none": round(e.gain_vs_none, 5)}
         for name, e in pred.estimates.items()
     }
+    layout = layout_of(pred.model, pred.deployment)
     return {"model": pred.model.name, "gpu": pred.hardware.name,
             "deployment": dataclasses.asdict(pred.deployment), "modes": modes,
+            "experts": {"routed": layout.routed, "redundant": layout.redundant,
+                        "physical": layout.physical, "per_gpu": layout.per_rank,
+                        "redundant_receive_tokens": layout.replicas_used,
+                        "note": idle_replicas_note(layout)},
             "recommended": pred.recommended, "hardware_source": pred.hardware.source}
 
 
@@ -150,9 +204,15 @@ def describe(pred: Prediction) -> str:
     d = pred.deployment
     attn = "DP attention" if d.dp_attention else f"attention TP{d.attn_tp_size}"
     unit = "sequences" if d.phase == Phase.DECODE else "tokens"
+    layout = layout_of(pred.model, d)
     return (f"{pred.model.name} {d.phase} on {pred.hardware.name}: EP{d.ep_size} over "
-            f"{d.num_nodes} node(s) x {d.gpus_per_node} GPUs, {attn}, "
-            f"{d.tokens_per_gpu} {unit}/GPU, context {d.context_len}")
+            f"{d.num_nodes} node(s) x {d.gpus_per_node} GPUs, {experts_per_gpu(layout)}, "
+            f"{attn}, {d.tokens_per_gpu} {unit}/GPU, context {d.context_len}")
+
+
+def experts_per_gpu(layout: ExpertLayout) -> str:
+    return (f"{layout.per_rank} experts/GPU ({layout.routed} routed + {layout.redundant} "
+            "redundant)")
 
 
 def table(pred: Prediction) -> str:
@@ -168,6 +228,8 @@ def table(pred: Prediction) -> str:
         lines.append(f"{e.mode:<10} {e.layer_us:>8.1f} us {e.step_us / 1e3:>8.2f} ms "
                      f"{e.throughput_per_gpu:>17.1f} {e.gain_vs_none:>+12.1%}{mark}")
     best = pred.estimates[pred.recommended]
+    note = idle_replicas_note(layout_of(pred.model, pred.deployment))
+    lines += [f"note: {note}"] if note else []
     lines += ["", f"recommended: {pred.recommended}"
               + (f" ({best.gain_vs_none:+.1%} throughput over none)" if best.mode != Mode.NONE else
                  " (no overlap mode is predicted to pay here)"),

@@ -16,6 +16,7 @@ import atexit
 import logging
 from typing import Any
 
+from sglang_overlap.planning.cost.experts import TRIVIAL, replicas_dispatched
 from sglang_overlap.planning.cost.model_config import model_from_hf_config
 from sglang_overlap.planning.cost.prior import CostModelPrior, FlatPrior, Prior
 from sglang_overlap.planning.cost.profiles import (
@@ -87,7 +88,22 @@ def _deployment(s: OverlapSettings, server_args: Any) -> Deployment:
         ep, attn_dp = tp, int(getattr(server_args, "attn_dp_size", 1) or 1)
     return deployment_for_server(ep_size=ep, tp_size=tp, attn_dp_size=attn_dp,
                                  nnodes=int(getattr(server_args, "nnodes", 1) or 1),
-                                 two_chunk_threshold=s.tbo_token_distribution_threshold)
+                                 two_chunk_threshold=s.tbo_token_distribution_threshold,
+                                 **redundant_experts(server_args))
+
+
+def redundant_experts(server_args: Any) -> dict[str, Any]:
+    """`deployment_for_server`'s redundant-expert arguments from SGLang's server args:
+    --ep-num-redundant-experts, and whether the dispatch sends tokens to the copies
+    (--ep-dispatch-algorithm, --enable-eplb, --init-expert-location)."""
+    return {
+        "num_redundant_experts": int(getattr(server_args, "ep_num_redundant_experts", 0) or 0),
+        "redundant_experts_used": replicas_dispatched(
+            enable_eplb=bool(getattr(server_args, "enable_eplb", False)),
+            init_expert_location=str(getattr(server_args, "init_expert_location", TRIVIAL)
+                                     or TRIVIAL),
+            ep_dispatch_algorithm=getattr(server_args, "ep_dispatch_algorithm", None)),
+    }
 
 
 def build_runtime(model_runner: Any) -> SelectorRuntime:

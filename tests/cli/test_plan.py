@@ -74,7 +74,17 @@ def test_sglangs_flag_names_and_the_old_ones_plan_alike(
 
 
 @pytest.mark.parametrize(("argv", "error"), [
-    (["--ep", "7"], "--ep-size 7 must divide the 256 routed experts of deepseek-v3"),
+    (["--ep", "7"], "--ep-size 7 must divide the 256 routed + 0 redundant experts of "
+     "deepseek-v3 (--ep-num-redundant-experts 0); --ep-num-redundant-experts 3 would make 259 = "
+     "7 GPUs x 37 experts"),
+    (["--ep", "72"], "--ep-size 72 must divide the 256 routed + 0 redundant experts of "
+     "deepseek-v3 (--ep-num-redundant-experts 0); --ep-num-redundant-experts 32 would make 288 = "
+     "72 GPUs x 4 experts\n"),
+    (["--tp", "72", "--nnodes", "9", "--ep-num-redundant-experts", "16"],
+     "--ep-size 72 must divide the 256 routed + 16 redundant experts of deepseek-v3 "
+     "(--ep-num-redundant-experts 16); --ep-num-redundant-experts 32 would make 288"),
+    (["--ep-num-redundant-experts", "-1"], "--ep-num-redundant-experts must be >= 0 (got -1)"),
+    (["--ep", "1", "--enable-eplb"], "--enable-eplb needs --ep-size > 1 (got 1)"),
     (["--tp", "16", "--ep", "3"], "--ep-size 3 must divide --tp-size 16"),
     (["--tp", "16", "--nnodes", "3"], "--nnodes 3 must divide --tp-size 16"),
     (["--tp", "0"], "--tp-size must be >= 1 (got 0)"),
@@ -125,7 +135,12 @@ def test_a_model_directory_is_read_from_its_config(tmp_path: Path,
     data = _json(capsys, "--model-path", str(tmp_path), "--ep-size", "8")
     assert data["model"] == tmp_path.name.lower() and data["model"] != ref.name
     assert main(["plan", "--model-path", str(tmp_path), "--ep-size", "48"]) == 2
-    assert "--ep-size 48 must divide the 64 routed experts" in capsys.readouterr().err
+    assert ("--ep-size 48 must divide the 64 routed + 0 redundant experts of "
+            f"{tmp_path.name.lower()} (--ep-num-redundant-experts 0); --ep-num-redundant-experts "
+            "32 would make 96 = 48 GPUs x 2 experts") in capsys.readouterr().err
+    data = _json(capsys, "--model-path", str(tmp_path), "--ep-size", "48",
+                 "--ep-num-redundant-experts", "32", "--enable-eplb")
+    assert data["experts"]["per_gpu"] == 2
 
 
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,3 +161,56 @@ def test_plan_imports_neither_torch_nor_sglang() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+LMSYS_DECODE = ["--model-path", "deepseek-ai/DeepSeek-V3", "--gpu", "H100", "--tp", "72",
+                "--nnodes", "9", "--attn-dp-size", "72", "--ep-num-redundant-experts", "32",
+                "--tokens-per-gpu", "128"]
+"""LMSYS's DeepSeek-V3 decode on 9 nodes of 8 H100 (EP72, 32 redundant experts, EPLB placement
+from expert counts)."""
+
+
+@pytest.mark.parametrize("placement", [["--enable-eplb"], ["--init-expert-location", "c.json"],
+                                       ["--ep-dispatch-algorithm", "static"]])
+def test_ep72_with_32_redundant_experts_plans_four_experts_per_gpu(
+        capsys: pytest.CaptureFixture[str], placement: list[str]) -> None:
+    assert main(["plan", *LMSYS_DECODE, *placement]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("deepseek-v3 decode on H100: EP72 over 9 node(s) x 8 GPUs, 4 "
+                          "experts/GPU (256 routed + 32 redundant), DP attention"), out
+    assert "note:" not in out
+    data = _json(capsys, *LMSYS_DECODE, *placement)
+    assert data["experts"] == {"routed": 256, "redundant": 32, "physical": 288, "per_gpu": 4,
+                               "redundant_receive_tokens": True, "note": ""}
+    assert data["deployment"]["num_redundant_experts"] == 32
+
+
+def test_idle_redundant_experts_are_named_and_priced(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without EPLB's placement or dispatch, SGLang routes no token to the copies: the note says
+    so, and the busiest rank's four experts each get a routed expert's full share."""
+    assert main(["plan", *LMSYS_DECODE]) == 0
+    out = capsys.readouterr().out
+    assert ("note: the 32 redundant experts get no tokens: with --init-expert-location trivial, "
+            "no --enable-eplb and no --ep-dispatch-algorithm, SGLang routes each token to its "
+            "logical expert's own slot\n") in out
+    idle = _json(capsys, *LMSYS_DECODE)
+    used = _json(capsys, *LMSYS_DECODE, "--enable-eplb")
+    assert idle["experts"]["redundant_receive_tokens"] is False and idle["experts"]["note"]
+    assert idle["modes"]["none"]["step_ms"] > used["modes"]["none"]["step_ms"]
+
+
+def test_ep32_without_redundancy_is_eight_experts_per_gpu(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--ep", "32")
+    assert data["experts"]["per_gpu"] == 8 and data["experts"]["redundant"] == 0
+    assert main(["plan", "--ep", "32"]) == 0
+    assert ", 8 experts/GPU (256 routed + 0 redundant), " in capsys.readouterr().out
+
+
+def test_redundant_experts_change_the_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    """EP32 + 32 redundant (9 per GPU) costs one more expert's weights per rank than EP32."""
+    plain = _json(capsys, "--ep", "32", "--gpu", "H100")
+    more = _json(capsys, "--ep", "32", "--gpu", "H100", "--ep-num-redundant-experts", "32",
+                 "--enable-eplb")
+    assert more["experts"]["per_gpu"] == 9
+    assert more["modes"]["none"]["layer_us"] > plain["modes"]["none"]["layer_us"]

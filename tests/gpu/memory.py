@@ -144,6 +144,14 @@ def plan(total_gib: float, files: list[Path]) -> list[tuple[Path, float, int]]:
             for f in files for need in [file_need(f)]]
 
 
+def groups(planned: list[tuple[Path, float, int]]) -> list[tuple[int, list[Path]]]:
+    """The planned files gathered by worker count, most workers first: one pytest run each."""
+    by: dict[int, list[Path]] = {}
+    for path, _, n in planned:
+        by.setdefault(n, []).append(path)
+    return sorted(by.items(), key=lambda item: -item[0])
+
+
 def _device_total_gib() -> float:
     import torch
 
@@ -158,9 +166,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the card's memory (default: CUDA device 0's)")
     ap.add_argument("files", nargs="*", type=Path,
                     help="test files (default: every tests/gpu/test_*.py marked gpu)")
+    ap.add_argument("--groups", action="store_true",
+                    help="print one line per worker count: N FILE... (for run_gpu.sh gpusuite)")
+    ap.add_argument("--exclude", action="append", default=[], metavar="NAME",
+                    help="leave out the file of this name (repeatable)")
     args = ap.parse_args(argv)
     total = args.total_gib if args.total_gib is not None else _device_total_gib()
     files = args.files or [f for f in sorted(HERE.glob("test_*.py")) if is_gpu_file(f)]
+    files = [f for f in files if f.name not in args.exclude]
+    if args.groups:
+        for n, paths in groups(plan(total, files)):
+            print(n, *(os.path.relpath(f) for f in paths))
+        return 0
     for path, need, n in plan(total, files):
         xdist = f"-n {n} " if n > 1 else ""
         print(f"{path.name}: gpu_mem {need:g} GiB, {n} worker{'s' * (n > 1)} on {total:.0f} "

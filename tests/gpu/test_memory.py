@@ -76,3 +76,20 @@ def test_the_gpu_files_plan(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "test_deepgemm_signal.py: gpu_mem 38 GiB, 2 workers on 79 GiB: python -m pytest" in out
     assert "-n 2 " in out and out.rstrip().endswith("test_deepgemm_signal.py")
+
+
+def test_groups_by_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    here = Path(memory.__file__).parent
+    assert memory.main(["--total-gib", "79.2", "--groups", "--exclude", "test_sbo_layer.py",
+                        "--exclude", "test_deepep_kernels.py"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    counts = [int(line[0]) for line in lines]
+    assert counts == sorted(set(counts), reverse=True), lines  # one run per count, most first
+    named = {Path(f).name: int(line[0]) for line in lines for f in line[1:]}
+    assert named["test_deepgemm_signal.py"] == 2 and named["test_signal_down_gemm.py"] == 3
+    assert named["test_gate_timing_gpu.py"] == 1 and named["test_engine_gpu.py"] == 8
+    assert "test_sbo_layer.py" not in named and "test_deepep_kernels.py" not in named
+    gpu_files = {f.name for f in here.glob("test_*.py") if memory.is_gpu_file(f)}
+    assert set(named) == gpu_files - {"test_sbo_layer.py", "test_deepep_kernels.py"}
+    planned = [(Path("a"), 4.0, 8), (Path("b"), 38.0, 2), (Path("c"), 4.0, 8)]
+    assert memory.groups(planned) == [(8, [Path("a"), Path("c")]), (2, [Path("b")])]

@@ -502,3 +502,29 @@ def test_two_ranks_decide_identically(tmp_path: Path, script_text: str) -> None:
     modes = [r.split(": ")[1].split(" ")[0] for r in seqs[0]]
     assert any("(refreshing: " in r for r in seqs[0]), "a refresh ran, on both ranks alike"
     assert modes[-100:].count("sbo") >= 60, modes  # sbo, 5% faster than none at +-20% noise
+
+
+# -- the gate's deployment: redundant experts from SGLang's own parsed flags ----------------------
+
+@pytest.mark.parametrize(("extra", "want"), [
+    ([], {"num_redundant_experts": 0, "redundant_experts_used": False}),
+    (["--ep-num-redundant-experts", "2"],
+     {"num_redundant_experts": 2, "redundant_experts_used": False}),  # copies idle: no dispatch
+    (["--ep-num-redundant-experts", "2", "--enable-eplb"],
+     {"num_redundant_experts": 2, "redundant_experts_used": True}),
+    (["--ep-num-redundant-experts", "2", "--ep-dispatch-algorithm", "static"],
+     {"num_redundant_experts": 2, "redundant_experts_used": True}),
+])
+def test_the_gate_prices_the_redundant_experts_sglang_parsed(
+        extra: list[str], want: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang.srt.runtime_context as runtime_context
+
+    server_args, settings = parse_server_args(["--model-path", "/nonexistent/m", *TP2_AUTO[:-2],
+                                               *extra])
+    assert selector_setup.redundant_experts(server_args) == want
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(
+        tp_size=2, moe_ep_size=2, attn_dp_size=1))
+    deploy = selector_setup._deployment(settings, server_args)
+    assert deploy.ep_size == 2
+    assert deploy.num_redundant_experts == want["num_redundant_experts"]
+    assert deploy.redundant_experts_used == want["redundant_experts_used"]

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sglang_overlap.modes import PLAN_MODES, Mode, Phase, mode_of
+from sglang_overlap.planning.cost.experts import layout_of
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 from sglang_overlap.planning.cost.stage_costs import (
     MicroBatch,
@@ -101,8 +102,9 @@ def micro_batches(mode: Mode, deploy: Deployment,
 def _sbo_units(model: ModelProfile, hw: HardwareProfile, deploy: Deployment,
                moe_tokens: float) -> int:
     """Units the down GEMM signals in which rows actually arrive (block granularity)."""
-    local = max(1, model.num_experts // deploy.ep_size)
-    rows = moe_tokens * model.topk * deploy.ep_size / model.num_experts
+    experts = layout_of(model, deploy)
+    local = experts.per_rank
+    rows = experts.rows_per_expert(moe_tokens, model.topk)
     capacity = max(1, int(rows + 0.999999))
     layout = plan_sbo_layout(
         num_local_experts=local, capacity=capacity, block_m=hw.block_m, block_n=SBO_BLOCK_N,

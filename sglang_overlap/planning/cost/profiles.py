@@ -125,16 +125,20 @@ class Deployment:
     context_len: int = 4096  # decode: KV length per sequence; prefill: prompt length per request
     tokens_per_seq: int = 1  # decode: 1, or the draft-token count under speculative decoding
     two_chunk_threshold: float = 0.48  # --tbo-token-distribution-threshold
+    num_redundant_experts: int = 0  # --ep-num-redundant-experts (planning/cost/experts.py)
+    redundant_experts_used: bool = True  # tokens reach the redundant copies (EPLB's dispatch)
 
     def __post_init__(self) -> None:
         checks = {
             "--ep": self.ep_size >= 1, "--gpus-per-node": self.gpus_per_node >= 1,
             "--tokens-per-gpu": self.tokens_per_gpu >= 0, "--context-len": self.context_len >= 1,
             "tokens_per_seq": self.tokens_per_seq >= 1,
+            "--ep-num-redundant-experts": self.num_redundant_experts >= 0,
         }
         values = {"--ep": self.ep_size, "--gpus-per-node": self.gpus_per_node,
                   "--tokens-per-gpu": self.tokens_per_gpu, "--context-len": self.context_len,
-                  "tokens_per_seq": self.tokens_per_seq}
+                  "tokens_per_seq": self.tokens_per_seq,
+                  "--ep-num-redundant-experts": self.num_redundant_experts}
         bad = [f"{k} {values[k]}" for k, ok in checks.items() if not ok]
         if self.phase not in (Phase.DECODE, Phase.PREFILL):
             bad.append(f"--phase {self.phase!r} (expected decode or prefill)")
@@ -152,15 +156,19 @@ class Deployment:
 
 
 def deployment_for_server(*, ep_size: int, tp_size: int, attn_dp_size: int = 1, nnodes: int = 1,
-                          two_chunk_threshold: float = 0.48) -> Deployment:
+                          two_chunk_threshold: float = 0.48, num_redundant_experts: int = 0,
+                          redundant_experts_used: bool = True) -> Deployment:
     """The Deployment of a running server from its real parallel layout (--ep / --tp,
-    attention data parallelism, --nnodes); decode, with the defaults' context length."""
+    attention data parallelism, --nnodes, --ep-num-redundant-experts and whether its dispatch
+    uses them: `experts.replicas_dispatched`); decode, with the defaults' context length."""
     if tp_size < 1 or nnodes < 1 or attn_dp_size < 1:
         raise ProfileError(f"invalid server layout: --tp {tp_size}, --nnodes {nnodes}, "
                            f"attention DP {attn_dp_size}")
     return Deployment(phase=Phase.DECODE, ep_size=max(1, ep_size),
                       gpus_per_node=max(1, tp_size // nnodes), dp_attention=attn_dp_size > 1,
-                      two_chunk_threshold=two_chunk_threshold)
+                      two_chunk_threshold=two_chunk_threshold,
+                      num_redundant_experts=num_redundant_experts,
+                      redundant_experts_used=redundant_experts_used)
 
 
 T = TypeVar("T", HardwareProfile, ModelProfile)

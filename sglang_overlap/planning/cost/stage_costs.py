@@ -6,8 +6,10 @@ WGMMA). That padding is why splitting a small decode batch in two costs twice th
 rows per expert pad to the same 64 as sixteen do. Transfers are a fixed latency plus bytes over
 NVLink (same node) and the NIC (other nodes) at their achieved efficiencies.
 
-Routing is assumed balanced (every local expert receives tokens x topk / num_experts rows; EPLB
-keeps real deployments close to this). Plain Python; mypy --strict.
+Routing is assumed balanced (every expert slot that receives tokens gets tokens x topk x ep /
+slots rows; EPLB keeps real deployments close to this). Redundant experts
+(--ep-num-redundant-experts, `experts.py`) add grouped-GEMM groups and weights per rank and, when
+SGLang dispatches to them, spread the same rows over more slots. Plain Python; mypy --strict.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from sglang_overlap.modes import Phase
+from sglang_overlap.planning.cost.experts import layout_of
 from sglang_overlap.planning.cost.profiles import Deployment, HardwareProfile, ModelProfile
 
 SCALE_GROUP = 128  # fp8 activations carry one fp32 scale per 128 channels
@@ -156,9 +159,11 @@ def _traffic(model: ModelProfile, deploy: Deployment, tokens: float, bytes_per_r
         rows = tokens * model.topk
         return rows * (1 - remote_frac) * bytes_per_row, rows * remote_frac * bytes_per_row
     # normal mode: one copy per destination rank; across nodes, one copy per destination node
-    per_rank = model.num_experts // ep
-    ranks = _distinct_hits(model.num_experts, per_rank, model.topk)
-    nodes = _distinct_hits(model.num_experts, per_rank * gpn, model.topk)
+    # (a token's top-k land among the slots that receive tokens, redundant copies included)
+    layout = layout_of(model, deploy)
+    slots, per_rank = layout.receiving, layout.per_rank
+    ranks = _distinct_hits(slots, per_rank, model.topk)
+    nodes = _distinct_hits(slots, per_rank * gpn, model.topk)
     remote_nodes = nodes * remote_frac
     return tokens * ranks * bytes_per_row, tokens * remote_nodes * bytes_per_row
 
@@ -172,8 +177,9 @@ def stage_costs(model: ModelProfile, hw: HardwareProfile, deploy: Deployment, mb
     gate = grouped_gemm_us(hw, 1, t, model.num_experts, h, weight_bytes=2.0, sms=sms)
     gate += memory_kernel_us(hw, t * model.num_experts * 4.0)
     moe_t = mb.moe_tokens / tp
-    local_experts = max(1, model.num_experts // deploy.ep_size)
-    m = moe_t * model.topk * deploy.ep_size / model.num_experts  # rows per local expert
+    layout = layout_of(model, deploy)  # redundant experts: more groups, fewer rows each
+    local_experts = layout.per_rank
+    m = layout.rows_per_expert(moe_t, model.topk)  # rows per local expert, busiest rank
     low_latency = deploy.phase == Phase.DECODE
     bm = hw.block_m if low_latency else hw.contiguous_block_m
     inter = model.moe_intermediate
