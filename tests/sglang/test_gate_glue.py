@@ -128,6 +128,18 @@ def test_unsupported_model_is_refused_at_start_up_naming_the_field(tmp_path: Pat
     parse_server_args(["--model-path", str(path), *TP2_AUTO[:-2]])
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("{not json", "cannot read .*config.json: Expecting property name"),
+    ('["DeepseekV3ForCausalLM"]', ".*/config.json is not a JSON object \\(a list\\)")])
+def test_a_broken_config_is_one_error_naming_model_path(tmp_path: Path, text: str,
+                                                         why: str) -> None:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(text)
+    with pytest.raises(SettingsError, match=f"^--model-path {d}: {why}"):
+        parse_server_args(["--model-path", str(d), *TP2_AUTO])
+
+
 def test_bad_hardware_profile_is_refused_at_start_up(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="--overlap-hardware-profile /nonexistent/x.json"):
         parse_server_args(["--model-path", "/nonexistent/m", *TP2_AUTO,

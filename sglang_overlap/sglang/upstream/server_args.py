@@ -172,7 +172,9 @@ def hf_config_dict(model_path: str, revision: str | None = None,
                    trust_remote_code: bool = False) -> dict[str, Any] | None:
     """The served model's `config.json` as a plain dict, read without the network and without
     importing transformers: a local directory, or the Hugging Face cache; None when it is not
-    on this machine yet (then the checks run again when the model config is built)."""
+    on this machine yet (then the checks run again when the model config is built).
+
+    Raises SettingsError naming --model-path when the file is there but is not a JSON object."""
     import json
     import os
 
@@ -187,8 +189,14 @@ def hf_config_dict(model_path: str, revision: str | None = None,
         if not isinstance(cached, str):
             return None
         path = cached
-    with open(path, encoding="utf-8") as f:
-        data: dict[str, Any] = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"--model-path {model_path}: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"--model-path {model_path}: {path} is not a JSON object "
+                            f"(a {type(data).__name__})")
     return data
 
 
