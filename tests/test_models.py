@@ -20,12 +20,13 @@ def test_the_readme_shows_the_table() -> None:
 
 
 # The end-to-end suites a cell may name (models.py names them in words: the wheel carries no
-# repository path), each with its test file.
+# repository path), each with its test file and the file whose dict of server configurations
+# holds the server cases.
 SUITES = {
-    "overlap servers": "tests/e2e/test_overlap_servers.py",
-    "graph servers": "tests/e2e/test_graph_servers.py",
-    "gating servers": "tests/e2e/test_gating.py",
-    "DeepSeek-V2 servers": "tests/e2e/test_model_servers.py",
+    "overlap servers": ("tests/e2e/test_overlap_servers.py", "tests/e2e/overlap_runs.py"),
+    "graph servers": ("tests/e2e/test_graph_servers.py", "tests/e2e/graph_runs.py"),
+    "gating servers": ("tests/e2e/test_gating.py", "benchmarks/bench_gating.py"),
+    "DeepSeek-V2 servers": ("tests/e2e/test_model_servers.py",) * 2,
 }
 
 
@@ -38,10 +39,12 @@ def _suites(proof: str) -> list[tuple[str, list[str]]]:
 def _assert_proven_by_tests_that_exist(arch: str, what: str, proof: str) -> None:
     for suite, cases in _suites(proof):
         assert suite in SUITES, f"{arch=} {what=} {proof=}: unknown suite {suite!r}"
-        path = REPO / SUITES[suite]
-        assert path.is_file(), f"{arch=} {what=} {path=}"
-        for case in cases:
-            assert f'"{case}"' in path.read_text(), f"{arch=} {what=} {case=} {path=}"
+        test, configs = (REPO / path for path in SUITES[suite])
+        assert test.is_file(), f"{arch=} {what=} {test=}"
+        for case in cases:  # a server configuration the suite's tests name
+            assert f'"{case}"' in test.read_text(), f"{arch=} {what=} {case=} {test=}"
+            assert re.search(rf'\n +"{case}": ', configs.read_text()), (
+                f"{arch=} {what=} {case=}: no server configuration in {configs}")
 
 
 @pytest.mark.parametrize(("proof", "parts"), [
