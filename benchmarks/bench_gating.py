@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,9 @@ class Run:
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
     idle_cpu_s: float = 0.0
-    """CPU seconds the idle auto_wrong server used while phase 1 was measured."""
+    """CPU seconds the idle auto_wrong server used while phase 1 was measured..."""
+    phase1_s: float = 0.0
+    """... and phase 1's wall time."""
 
     def target(self, label: str) -> bench_cli.Target:
         return next(t for phase in self.phases for t in phase if t.label == label)
@@ -146,9 +149,10 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
 
         # none and auto side by side in every round (forward, then backward: none auto tbo,
         # tbo auto none): the ratio that decides the target pairs runs close in time
-        idle = servers["auto_wrong"].cpu_seconds()
+        idle, start = servers["auto_wrong"].cpu_seconds(), time.monotonic()
         out.phases.append(measure(["none", "auto", "tbo"]))
         out.idle_cpu_s = servers["auto_wrong"].cpu_seconds() - idle
+        out.phase1_s = time.monotonic() - start
         for name in ("none", "tbo", "auto"):
             out.tokens[name] = _greedy(servers[name])
         servers["tbo"].__exit__(None, None, None)
@@ -196,8 +200,9 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
     tbo_vs_none = paired_ratio([x["output_throughput"] for x in tbo.rounds],
                                [x["output_throughput"] for x in none.rounds])
     lines.append(f"fixed TBO vs none: {tbo_vs_none.text()}; best fixed mode: {best_fixed}")
-    lines.append(f"idle auto_wrong during phase 1: {r.idle_cpu_s:.1f} CPU-s")
-    data["idle_cpu_s"] = r.idle_cpu_s
+    lines.append(f"idle auto_wrong during phase 1: {r.idle_cpu_s:.1f} CPU-s in "
+                 f"{r.phase1_s:.0f} s")
+    data["idle_cpu_s"], data["phase1_s"] = r.idle_cpu_s, r.phase1_s
     for name in ("auto", "auto_wrong"):
         seqs = decision_sequences(r.logs.get(name, ""))
         same = len(seqs) == 2 and len(set(map(tuple, seqs.values()))) == 1
