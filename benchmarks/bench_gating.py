@@ -11,9 +11,11 @@ float32 --moe-a2a-backend torch_a2a (EP over the two ranks), on this CPU:
                 predicts TBO wins (+25-43% decode, +4% prefill at these shapes): a wrong prior
                 that measurement must override
 
-Phase 1 benchmarks none, tbo and auto with `sglang-overlap bench` (SGLang's bench_serving,
-random-ids prompts, alternating rounds after a warm-up round); phase 2 none against auto_wrong
-(tbo is stopped first: three servers at most on a 2-core box). Then every server answers the same
+The four servers start side by side (their start-ups overlap; nothing is measured yet). Phase 1
+benchmarks none, tbo and auto with `sglang-overlap bench` (SGLang's bench_serving, random-ids
+prompts, alternating rounds after a warm-up round) while auto_wrong sleeps idle (--sleep-on-idle;
+the table prints the CPU time it used meanwhile); phase 2 none against auto_wrong (tbo is stopped
+first). Then every server answers the same
 greedy prompts (tokens must equal none's), and the auto servers' logs give each TP rank's
 decision sequence (must be identical). Prints one table: throughput / TTFT / ITL per server, each
 one's ratio to the best fixed mode with its 95% CI, and the steps each gate ran per mode.
@@ -32,6 +34,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +97,10 @@ class Run:
     phases: list[list[bench_cli.Target]] = field(default_factory=list)
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
+    idle_cpu_s: float = 0.0
+    """CPU seconds the idle auto_wrong server used while phase 1 was measured..."""
+    phase1_s: float = 0.0
+    """... and phase 1's wall time."""
 
     def target(self, label: str) -> bench_cli.Target:
         return next(t for phase in self.phases for t in phase if t.label == label)
@@ -125,10 +132,14 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
     out = Run()
     servers: dict[str, Any] = {}
     with lock() if lock else contextlib.nullcontext(), contextlib.ExitStack() as stack:
-        def start(name: str, i: int) -> Any:
-            servers[name] = stack.enter_context(
-                server_cls(name, model, port + i, flags[name], env, work))
-            return servers[name]
+        # all four load side by side before anything is measured (a start-up is mostly sleep
+        # and file reads); --sleep-on-idle keeps auto_wrong idle through phase 1
+        for i, name in enumerate(flags):
+            servers[name] = server_cls(name, model, port + i, flags[name], env, work)
+            stack.callback(servers[name].__exit__, None, None, None)
+            servers[name].start()
+        for server in servers.values():
+            server.wait_ready()
 
         def measure(names: list[str]) -> list[bench_cli.Target]:
             a = argparse.Namespace(**vars(args))
@@ -136,16 +147,16 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
                 servers[n].url for n in names[1:]], names
             return bench_cli.bench(a)
 
-        for i, name in enumerate(("none", "tbo", "auto")):
-            start(name, i)
         # none and auto side by side in every round (forward, then backward: none auto tbo,
         # tbo auto none): the ratio that decides the target pairs runs close in time
+        idle, start = servers["auto_wrong"].cpu_seconds(), time.monotonic()
         out.phases.append(measure(["none", "auto", "tbo"]))
+        out.idle_cpu_s = servers["auto_wrong"].cpu_seconds() - idle
+        out.phase1_s = time.monotonic() - start
         for name in ("none", "tbo", "auto"):
             out.tokens[name] = _greedy(servers[name])
         servers["tbo"].__exit__(None, None, None)
         out.logs["tbo"] = servers.pop("tbo").log_text()
-        start("auto_wrong", 3)
         out.phases.append(measure(["none", "auto_wrong"]))
         out.tokens["auto_wrong"] = _greedy(servers["auto_wrong"])
         for name, server in servers.items():
@@ -189,6 +200,9 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
     tbo_vs_none = paired_ratio([x["output_throughput"] for x in tbo.rounds],
                                [x["output_throughput"] for x in none.rounds])
     lines.append(f"fixed TBO vs none: {tbo_vs_none.text()}; best fixed mode: {best_fixed}")
+    lines.append(f"idle auto_wrong during phase 1: {r.idle_cpu_s:.1f} CPU-s in "
+                 f"{r.phase1_s:.0f} s")
+    data["idle_cpu_s"], data["phase1_s"] = r.idle_cpu_s, r.phase1_s
     for name in ("auto", "auto_wrong"):
         seqs = decision_sequences(r.logs.get(name, ""))
         same = len(seqs) == 2 and len(set(map(tuple, seqs.values()))) == 1

@@ -60,11 +60,20 @@ class Architecture:
     models: str
     proven: Mapping[Mode, str] = field(default_factory=dict)
     why: str = ""
+    a2a_backends: Mapping[str, str] = field(default_factory=dict)
+    """Each --moe-a2a-backend besides SGLang's default and torch_a2a (a mode above) that the
+    plugin's modes are proven on with this architecture, with the suites and server cases that
+    prove it (through the kit's stand-ins: the tokens of the server without the plugin)."""
 
 
 TABLE: tuple[Architecture, ...] = (
-    Architecture("DeepseekV3ForCausalLM", "DeepSeek-V3, DeepSeek-R1", _DSV3_PROOF),
-    Architecture("DeepseekV2ForCausalLM", "DeepSeek-V2, DeepSeek-V2-Lite", _DSV2_PROOF),
+    Architecture("DeepseekV3ForCausalLM", "DeepSeek-V3, DeepSeek-R1", _DSV3_PROOF,
+                 a2a_backends={"deepep": "graph servers (`deepep_graphs_tbo`, "
+                                         "`deepep_graphs_sbo_shared`, "
+                                         "`deepep_graphs_sbo_expert`)"}),
+    Architecture("DeepseekV2ForCausalLM", "DeepSeek-V2, DeepSeek-V2-Lite", _DSV2_PROOF,
+                 a2a_backends={"deepep": "DeepSeek-V2 servers (`dsv2_deepep_tbo`, "
+                                         "`dsv2_deepep_sbo`)"}),
     Architecture(
         "Qwen3MoeForCausalLM", "Qwen3-30B-A3B, Qwen3-235B-A22B", {},
         "SGLang's Qwen3-MoE has its own MoE layer and TBO operation strategy; the plugin's "

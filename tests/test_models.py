@@ -20,23 +20,43 @@ def test_the_readme_shows_the_table() -> None:
 
 
 # The end-to-end suites a cell may name (models.py names them in words: the wheel carries no
-# repository path), each with its test file.
+# repository path), each with its test file and the file whose dict of server configurations
+# holds the server cases.
 SUITES = {
-    "overlap servers": "tests/e2e/test_overlap_servers.py",
-    "graph servers": "tests/e2e/test_graph_servers.py",
-    "gating servers": "tests/e2e/test_gating.py",
-    "DeepSeek-V2 servers": "tests/e2e/test_model_servers.py",
+    "overlap servers": ("tests/e2e/test_overlap_servers.py", "tests/e2e/overlap_runs.py"),
+    "graph servers": ("tests/e2e/test_graph_servers.py", "tests/e2e/graph_runs.py"),
+    "gating servers": ("tests/e2e/test_gating.py", "benchmarks/bench_gating.py"),
+    "DeepSeek-V2 servers": ("tests/e2e/test_model_servers.py",) * 2,
 }
 
 
-def _suites(proof: str) -> list[tuple[str, str | None]]:
-    """(suite, server case or None) per comma-separated part of a cell's proof."""
-    parts = []
-    for part in proof.split(", "):
-        suite, _, rest = part.partition(" (")
-        case = re.search(r"`(\w+)`", rest)
-        parts.append((suite, case.group(1) if case else None))
-    return parts
+def _suites(proof: str) -> list[tuple[str, list[str]]]:
+    """(suite, its server cases) per part of a cell's proof: `suite (`case`, `case` ...)`."""
+    return [(suite, re.findall(r"`(\w+)`", rest))
+            for suite, rest in re.findall(r"([A-Za-z][\w -]*?)(?: \(([^)]*)\))?(?:, |$)", proof)]
+
+
+def _assert_proven_by_tests_that_exist(arch: str, what: str, proof: str) -> None:
+    for suite, cases in _suites(proof):
+        assert suite in SUITES, f"{arch=} {what=} {proof=}: unknown suite {suite!r}"
+        test, configs = (REPO / path for path in SUITES[suite])
+        assert test.is_file(), f"{arch=} {what=} {test=}"
+        for case in cases:  # a server configuration the suite's tests name
+            assert f'"{case}"' in test.read_text(), f"{arch=} {what=} {case=} {test=}"
+            assert re.search(rf'\n +"{case}": ', configs.read_text()), (
+                f"{arch=} {what=} {case=}: no server configuration in {configs}")
+
+
+@pytest.mark.parametrize(("proof", "parts"), [
+    ("overlap servers (`tbo`), graph servers",
+     [("overlap servers", ["tbo"]), ("graph servers", [])]),
+    ("DeepSeek-V2 servers (`dsv2_tbo`: the long prompt is cut in two)",
+     [("DeepSeek-V2 servers", ["dsv2_tbo"])]),
+    ("graph servers (`a`, `b`), gating servers", [("graph servers", ["a", "b"]),
+                                                   ("gating servers", [])]),
+])
+def test_a_proof_names_its_suites_and_every_case(proof: str, parts: list) -> None:
+    assert _suites(proof) == parts
 
 
 @pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"])
@@ -44,12 +64,21 @@ def test_deepseek_is_proven_in_every_mode_by_a_test_that_exists(arch: str) -> No
     row = next(r for r in TABLE if r.name == arch)
     assert set(row.proven) == set(MODES)
     for mode, proof in row.proven.items():
-        for suite, case in _suites(proof):
-            assert suite in SUITES, f"{arch=} {mode=} {proof=}: unknown suite {suite!r}"
-            path = REPO / SUITES[suite]
-            assert path.is_file(), f"{arch=} {mode=} {path=}"
-            if case is not None:
-                assert f'"{case}"' in path.read_text(), f"{arch=} {mode=} {case=} {path=}"
+        _assert_proven_by_tests_that_exist(arch, mode, proof)
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"])
+def test_deepseek_is_proven_on_deepep_by_server_cases_that_exist(arch: str) -> None:
+    row = next(r for r in TABLE if r.name == arch)
+    assert set(row.a2a_backends) == {"deepep"}, row.a2a_backends
+    proof = row.a2a_backends["deepep"]
+    assert all(cases for _, cases in _suites(proof)), proof  # named server cases, not suites
+    _assert_proven_by_tests_that_exist(arch, "deepep", proof)
+
+
+def test_no_other_architecture_is_proven_on_another_backend() -> None:
+    assert [r.name for r in TABLE if r.a2a_backends] == ["DeepseekV3ForCausalLM",
+                                                          "DeepseekV2ForCausalLM"]
 
 
 @pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "MixtralForCausalLM", None])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +33,28 @@ class Server:
                      "torch_native", "--max-total-tokens", "16384", "--sleep-on-idle", *flags]
         self.env = {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Server:
+        return self.start().wait_ready()
+
+    def start(self) -> Server:
+        """Spawn the server and return at once (`wait_ready` waits for it): servers that load
+        side by side overlap their start-ups, which are mostly sleeping and file reads."""
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
                                          env=self.env, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT
+        self.started = time.monotonic()
+        return self
+
+    def wait_ready(self) -> Server:
+        """Wait until the started server answers /health_generate (READY_TIMEOUT from start)."""
+        assert self.proc is not None, f"server {self.name}: wait_ready before start"
+        deadline = self.started + READY_TIMEOUT
         while not self._healthy():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {self.name} exited {self.proc.returncode}:\n"
@@ -50,6 +64,19 @@ class Server:
                                    f"{self.log_text()[-4000:]}")
             time.sleep(2.0)
         return self
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's live processes (its process group) have used
+        so far, from /proc."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.proc.pid:  # pgrp: start_new_session made it ours
+                    ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -87,3 +114,17 @@ class Server:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def one_after_another(servers: list[Server], ahead: int = 1) -> Iterator[Server]:
+    """Each server, ready, in order; while the caller uses one, the next `ahead` ones load
+    (each stopped when the caller moves past it, all on exit). For servers whose answers are
+    compared, not timed: a loading server takes CPU from the one in use."""
+    with contextlib.ExitStack() as stack:
+        for i, server in enumerate(servers):
+            for later in servers[i:i + 1 + ahead]:
+                if later.proc is None:
+                    stack.callback(later.__exit__, None, None, None)
+                    later.start()
+            yield server.wait_ready()
+            server.__exit__(None, None, None)

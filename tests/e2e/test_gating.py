@@ -3,7 +3,8 @@
 On two CPU ranks fixed TBO is slower than no overlap. The run (benchmarks/bench_gating.py,
 measured with `sglang-overlap bench`, alternating rounds, same run for every server) must show:
 auto converges to the measured-faster mode (none); a wrong prior (a profile whose cost model says
-TBO wins) is overridden by measurement; both TP ranks log the identical decision sequence; greedy
+TBO wins) is overridden by measurement; the server waiting for phase 2 stays idle (takes no CPU
+from the servers measured in phase 1); both TP ranks log the identical decision sequence; greedy
 tokens equal those of the server without overlap. The throughput ratios (auto vs the best fixed
 mode, TBO vs none) are speed targets: `benchmarks/bench_gating.py` prints them with their
 intervals, and this test prints the same table, but asserts no timing.
@@ -51,6 +52,13 @@ def run(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
     text, _ = BG.report(result)
     print("\n" + text)
     return result
+
+
+def test_the_idle_server_stays_idle_while_the_others_are_measured(run) -> None:
+    # auto_wrong loads with the others and waits through phase 1 (--sleep-on-idle): it must not
+    # take CPU from the servers being timed (spinning, an idle --tp 2 server takes ~1.4 cores)
+    assert run.phase1_s > 0 and run.idle_cpu_s <= 0.1 * run.phase1_s, (
+        f"idle auto_wrong used {run.idle_cpu_s:.1f} CPU-s in phase 1's {run.phase1_s:.0f} s")
 
 
 def _share(chosen: dict[str, int], phase: str, mode: str) -> float:

@@ -1,0 +1,61 @@
+"""servers.py's start-up helpers on stand-in processes (`sleep`, no SGLang): a started server
+runs before it is waited for, one_after_another loads the next servers while the caller uses one
+and stops each once passed, and every one on an early exit; cpu_seconds counts the group's CPU."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from servers import Server, one_after_another
+
+
+class Sleeper(Server):
+    """A Server whose process is `sleep 60`, healthy once started."""
+
+    def __init__(self, name: str, log_dir: Path) -> None:
+        super().__init__(name, Path("unused"), 0, [], {}, log_dir)
+        self.argv = ["sleep", "60"]
+
+    def _healthy(self) -> bool:
+        return self.proc is not None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def test_wait_ready_needs_a_started_server(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="server a: wait_ready before start"):
+        Sleeper("a", tmp_path).wait_ready()
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_the_next_servers_load_while_one_is_used(tmp_path: Path, ahead: int) -> None:
+    servers = [Sleeper(name, tmp_path) for name in "abcd"]
+    seen = []
+    for i, server in enumerate(one_after_another(servers, ahead)):
+        seen.append(server.name)
+        assert [s.running() for s in servers] == [
+            i <= j <= i + ahead for j in range(len(servers))], (i, server.name)
+    assert seen == list("abcd")
+    assert not any(s.running() for s in servers)
+
+
+def test_an_early_exit_stops_every_started_server(tmp_path: Path) -> None:
+    servers = [Sleeper(name, tmp_path) for name in "abc"]
+    used = one_after_another(servers)
+    assert next(used).name == "a" and servers[1].running() and servers[2].proc is None
+    used.close()
+    assert not any(s.running() for s in servers)
+
+
+def test_cpu_seconds_counts_the_process_group(tmp_path: Path) -> None:
+    server = Sleeper("busy", tmp_path)
+    server.argv = ["sh", "-c", "sh -c 'while :; do :; done' & sleep 60"]  # a busy child
+    with server:
+        deadline = time.monotonic() + 30  # the child gets its share of a loaded machine
+        while server.cpu_seconds() < 0.2:
+            assert time.monotonic() < deadline, server.cpu_seconds()
+            time.sleep(0.2)
+    assert server.cpu_seconds() == 0.0  # stopped
