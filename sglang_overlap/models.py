@@ -97,6 +97,8 @@ def requested_modes(settings: Any) -> list[Mode]:
 def architecture_of(config: Mapping[str, Any]) -> str | None:
     """`architectures[0]` of an HF config dict (None: the config names none)."""
     archs = config.get("architectures") or []
+    if isinstance(archs, str):  # a malformed config naming one architecture as a string
+        return archs
     return str(archs[0]) if archs else None
 
 

@@ -99,6 +99,7 @@ def test_the_architecture_is_the_configs_first() -> None:
     assert architecture_of({"architectures": ["DeepseekV3ForCausalLM", "X"]}) == (
         "DeepseekV3ForCausalLM")
     assert architecture_of({"architectures": []}) is None and architecture_of({}) is None
+    assert architecture_of({"architectures": "DeepseekV3ForCausalLM"}) == "DeepseekV3ForCausalLM"
 
 
 def test_proven_cells_and_no_modes_pass() -> None:
