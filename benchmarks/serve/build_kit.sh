@@ -76,7 +76,9 @@ if [ ! -f "$PAY/deps.tar.xz" ]; then
   xzdir "$PAY/deps.tar.xz" "$tmp/deps"
 fi
 if [ ! -f "$PAY/deepep-antgroup-opt.tar.xz" ] || [ -n "${DEEPEP_SO:-}" ]; then
-  src=${DEEPEP_SRC:-../shared/deepep}
+  # DEEPEP_SRC: the folder holding deepep-antgroup-opt-<commit>.tar.gz (the workplace's DeepEP
+  # sources; benchmarks/serve/README.md)
+  src=${DEEPEP_SRC:?set DEEPEP_SRC to the folder holding deepep-antgroup-opt-*.tar.gz}
   mkdir -p "$tmp/ant" && tar -xzf "$src"/deepep-antgroup-opt-*.tar.gz -C "$tmp/ant"
   tree=$(ls -d "$tmp"/ant/*/ | head -1)
   [ -n "${DEEPEP_SO:-}" ] && cp "$DEEPEP_SO" "$tree/"
