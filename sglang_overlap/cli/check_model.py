@@ -12,14 +12,12 @@ says "ready" for it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_overlap.cli.check_flags import FlagError
-from sglang_overlap.models import TABLE, requested_modes
-from sglang_overlap.settings import OverlapSettings
+from sglang_overlap.models import TABLE, architecture_of, refusal, requested_modes
+from sglang_overlap.settings import OverlapSettings, SettingsError
 
 CONFIG = "config.json"
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -59,41 +57,13 @@ def known_architecture(model_path: str) -> str | None:
     return None
 
 
-def _load(path: str, model_path: str) -> dict[str, Any]:
-    """`path` (a config.json) as a dict; FlagError naming --model-path when it is not one."""
-    where = f"--model-path {model_path}: {path}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise FlagError(f"{where} cannot be read ({exc.strerror or exc})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FlagError(f"{where} is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise FlagError(f"{where} is not a JSON object (got {type(data).__name__})")
-    archs = data.get("architectures")
-    if archs is not None and not (isinstance(archs, list)
-                                  and all(isinstance(a, str) for a in archs)):
-        raise FlagError(f"{where}: \"architectures\" must be a list of class names "
-                        f"(got {archs!r})")
-    return data
-
-
 def local_config(model_path: str, revision: str | None) -> tuple[dict[str, Any], str] | None:
     """(config, where it was read) from a local folder or the Hugging Face cache; None when
-    neither holds it. FlagError for a config.json that is there but is not a config."""
-    if os.path.isdir(model_path):
-        path = os.path.join(model_path, CONFIG)
-        return (_load(path, model_path), model_path) if os.path.exists(path) else None
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    neither holds it. SettingsError for a config.json that is there but is not a config: the
+    server's own reader (`server_args.read_config`), so check and serve refuse alike."""
+    from sglang_overlap.sglang.upstream.server_args import read_config
 
-        cached = try_to_load_from_cache(model_path, CONFIG, revision=revision)
-    except Exception:  # noqa: BLE001 - not a repo id, no hub client: not in a cache
-        return None
-    if not isinstance(cached, str):
-        return None
-    return _load(cached, model_path), "the Hugging Face cache"
+    return read_config(model_path, revision)
 
 
 def model_argument(argv: list[str]) -> tuple[str | None, str | None]:
@@ -109,7 +79,7 @@ def model_argument(argv: list[str]) -> tuple[str | None, str | None]:
 
 
 def check_readable(argv: list[str]) -> None:
-    """FlagError when `argv`'s model has a config.json here that is not a config (the server's
+    """SettingsError when `argv`'s model has a config.json here that is not a config (the server's
     own reading would end in a traceback); run before the flags are parsed."""
     model_path, revision = model_argument(argv)
     if model_path:
@@ -168,15 +138,15 @@ def _download(model_path: str, revision: str | None) -> tuple[dict[str, Any] | N
                                etag_timeout=DOWNLOAD_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - every failure is named on the report's line
         return None, _download_problem(exc, model_path, revision)
-    return _load(str(path), model_path), "the Hugging Face Hub (downloaded)"
+    from sglang_overlap.sglang.upstream.server_args import load_config
+
+    return load_config(str(path), model_path), "the Hugging Face Hub (downloaded)"
 
 
 def examine(settings: OverlapSettings, values: Any) -> ModelCheck | None:
     """The served model checked against the modes `settings` asks for (None: none asks).
-    Raises SettingsError (an unproven mode: the server's own refusal) or FlagError (a config.json
-    that is not one)."""
-    from sglang_overlap.models import refusal
-    from sglang_overlap.settings import SettingsError
+    Raises SettingsError: an unproven mode (the server's own refusal), or a config.json that is
+    not one."""
     from sglang_overlap.sglang.upstream.server_args import refuse_model
 
     modes = requested_modes(settings)
@@ -199,7 +169,5 @@ def examine(settings: OverlapSettings, values: Any) -> ModelCheck | None:
         found = config, where
     config, where = found
     refuse_model(config, settings, model_path)
-    from sglang_overlap.models import architecture_of
-
     return ModelCheck(model_path, f"{CONFIG} from {where}", architecture_of(config),
                       config=config)

@@ -129,8 +129,10 @@ def test_unsupported_model_is_refused_at_start_up_naming_the_field(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("{not json", "cannot read .*config.json: Expecting property name"),
-    ('["DeepseekV3ForCausalLM"]', ".*/config.json is not a JSON object \\(a list\\)")])
+    ("{not json", ".*/config.json is not JSON \\(Expecting property name"),
+    ('["DeepseekV3ForCausalLM"]', ".*/config.json is not a JSON object \\(got list\\)"),
+    ('{"architectures": "DeepseekV3ForCausalLM"}',
+     '.*/config.json: "architectures" must be a list of class names')])
 def test_a_broken_config_is_one_error_naming_model_path(tmp_path: Path, text: str,
                                                          why: str) -> None:
     d = tmp_path / "model"

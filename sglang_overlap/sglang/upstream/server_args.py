@@ -168,36 +168,61 @@ def _before_resolve_once(server_args: Any, *args: Any, **kwargs: Any) -> None:
     setattr(server_args, state.SETTINGS_ATTR, settings)
 
 
-def hf_config_dict(model_path: str, revision: str | None = None,
-                   trust_remote_code: bool = False) -> dict[str, Any] | None:
-    """The served model's `config.json` as a plain dict, read without the network and without
-    importing transformers: a local directory, or the Hugging Face cache; None when it is not
-    on this machine yet (then the checks run again when the model config is built).
+CONFIG = "config.json"
 
-    Raises SettingsError naming --model-path when the file is there but is not a JSON object."""
+
+def load_config(path: str, model_path: str) -> dict[str, Any]:
+    """`path` (a config.json of --model-path `model_path`) as a dict. Raises SettingsError
+    naming --model-path when it cannot be read, is not a JSON object, or its "architectures"
+    is not a list of class names (SGLang's own reading would end in a traceback)."""
     import json
-    import os
 
-    path = os.path.join(model_path, "config.json")
-    if not os.path.isfile(path):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model_path, "config.json", revision=revision)
-        except Exception:  # noqa: BLE001 - not a repo id, no hub client: read it later
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = cached
+    where = f"--model-path {model_path}: {path}"
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise SettingsError(f"--model-path {model_path}: cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise SettingsError(f"{where} cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{where} is not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise SettingsError(f"--model-path {model_path}: {path} is not a JSON object "
-                            f"(a {type(data).__name__})")
+        raise SettingsError(f"{where} is not a JSON object (got {type(data).__name__})")
+    archs = data.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        raise SettingsError(f"{where}: \"architectures\" must be a list of class names "
+                            f"(got {archs!r})")
     return data
+
+
+def read_config(model_path: str,
+                revision: str | None = None) -> tuple[dict[str, Any], str] | None:
+    """(the served model's config.json as a dict, where it was read), without the network and
+    without importing transformers: a local folder, or the Hugging Face cache; None when
+    neither holds it. Raises SettingsError for a config.json that is there but is not one
+    (`load_config`)."""
+    import os
+
+    if os.path.isdir(model_path):
+        path = os.path.join(model_path, CONFIG)
+        return (load_config(path, model_path), model_path) if os.path.isfile(path) else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_path, CONFIG, revision=revision)
+    except Exception:  # noqa: BLE001 - not a repo id, no hub client: not in a cache
+        return None
+    if not isinstance(cached, str):
+        return None
+    return load_config(cached, model_path), "the Hugging Face cache"
+
+
+def hf_config_dict(model_path: str, revision: str | None = None,
+                   trust_remote_code: bool = False) -> dict[str, Any] | None:
+    """The served model's `config.json` as a plain dict (`read_config`); None when it is not
+    on this machine yet (then the checks run again when the model config is built)."""
+    found = read_config(model_path, revision)
+    return found[0] if found is not None else None
 
 
 def _refuse_unsupported_model(settings: OverlapSettings, args: Any) -> None:
