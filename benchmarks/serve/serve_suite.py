@@ -85,10 +85,19 @@ CAPTURE_END = re.compile(r"Capture (.+?) end\. (?:bs=\[[^\]]*\], )?elapsed=([\d.
 TOKENS = 256
 
 
+def graph_sizes(max_bs: int) -> list[str]:
+    """Decode batch sizes captured: powers of two up to `max_bs`, and `max_bs` itself."""
+    sizes = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < max_bs] + [max_bs]
+    return [str(b) for b in sizes]
+
+
 def common_flags(model: str, port: int, max_bs: int) -> list[str]:
     return ["--model-path", model, "--host", "127.0.0.1", "--port", str(port), "--tp", "1",
             "--moe-a2a-backend", "deepep", "--deepep-mode", "low_latency",
             "--attention-backend", "triton", "--cuda-graph-max-bs-decode", str(max_bs),
+            # 7 decode graphs (SGLang's default list up to 64 has 12): capture time per server
+            # set is what a one-call serve run can afford; bs 64 is still captured
+            "--cuda-graph-bs-decode", *graph_sizes(max_bs),
             "--disable-prefill-cuda-graph", "--max-running-requests", str(max_bs),
             "--chunked-prefill-size", str(TOKENS), "--max-prefill-tokens", str(TOKENS),
             # 0.8 left 15 GB for the decode graphs and DeepEP's 256-token one-rank buffers on an

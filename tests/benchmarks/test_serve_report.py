@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from benchmarks.serve import report
 
 
@@ -114,3 +116,28 @@ def test_expect_refusal_reads_the_log(tmp_path) -> None:
         expect_refusal(r, "needs the experts on 2 or more ranks", "http://127.0.0.1:9", proc,
                        log, timeout=5)
         assert r["refused"] is want and ("error" in r) is (not want)
+
+
+def test_the_suites_flags_parse_as_sglang_reads_them() -> None:
+    """Every server's command line, read by SGLang 0.5.23's own parser: decode graphs up to
+    bs 64 (7 sizes), one rank, deepep low latency, 256-token prefill chunks."""
+    import argparse
+
+    pytest.importorskip("sglang.srt.server_args")
+    from sglang.srt.server_args import ServerArgs
+
+    from benchmarks.serve.serve_suite import SERVERS, common_flags, graph_sizes
+
+    assert graph_sizes(64) == ["1", "2", "4", "8", "16", "32", "64"]
+    assert graph_sizes(48) == ["1", "2", "4", "8", "16", "32", "48"]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for name, spec in SERVERS.items():
+        if spec.site:  # the plugin's flags are registered by the plugin, not SGLang
+            continue
+        args = parser.parse_args([*common_flags("/m", 31000, 64), *spec.flags])
+        assert args.cuda_graph_bs_decode == [1, 2, 4, 8, 16, 32, 64], name
+        assert (args.cuda_graph_max_bs_decode, args.tp_size, args.moe_a2a_backend,
+                args.deepep_mode, args.chunked_prefill_size, args.max_prefill_tokens) == (
+            64, 1, "deepep", "low_latency", 256, 256), name
+        assert args.disable_prefill_cuda_graph and args.enable_metrics, name
