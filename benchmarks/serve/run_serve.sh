@@ -47,16 +47,23 @@ pipt "$G/planted" "$G/planted-src" >> "$W/pip.log" 2>&1 || { log "pip (planted) 
 MODEL=/dev/shm/dsv3
 shm=$(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9)
 [ -f "$MODEL/config.json" ] || [ "${shm:-0}" -ge 40 ] || MODEL=/tmp/dsv3
-if [ ! -f "$MODEL/config.json" ]; then
-  python3 benchmarks/serve/make_model.py "$MODEL" --moe-layers "${MOE_LAYERS:-2}" 2>&1 | tail -2
+# the checkpoint is drawn while DeepGEMM's JIT warms up (it needs only config.json, written first)
+if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
+  python3 benchmarks/serve/make_model.py "$MODEL" --moe-layers "${MOE_LAYERS:-2}" \
+    > "$W/make_model.log" 2>&1 &
+  draw=$!
+  for _ in $(seq 60); do [ -f "$MODEL/config.json" ] && break; sleep 0.5; done
 fi
-log "model: $(du -sh "$MODEL" | cut -f1) at $MODEL"
 if [ ! -f "$G/jit/warmed" ]; then  # every GEMM shape in parallel, before any server needs it
   timeout "${WARM_TIMEOUT:-150}" python3 benchmarks/serve/warm_deepgemm.py "$MODEL" --max-prefill 256 --max-rows 256 \
     --low-latency-only --json "$W/warm_deepgemm.json" \
     > "$W/warm_deepgemm.log" 2>&1 && touch "$G/jit/warmed"
   log "DeepGEMM JIT warm-up: $(tail -1 "$W/warm_deepgemm.log")"
 fi
+if [ -n "${draw:-}" ]; then
+  wait "$draw" || { log "make_model failed: $(tail -3 "$W/make_model.log")"; exit 1; }
+fi
+log "model: $(tail -1 "$W/make_model.log" 2>/dev/null); $(du -sh "$MODEL" | cut -f1) at $MODEL"
 
 export SERVE_TREES="{\"sgl-deep-ep\": \"\", \"antgroup-opt\": \"$GK_ANT\"}"
 export SERVE_SITE_PLUGIN=$G/plugin SERVE_SITE_PLANTED=$G/planted SERVE_SITE_PROBE=$G/probe
