@@ -236,7 +236,8 @@ done
 wait
 for tree in "${tree_list[@]}"; do
   PYTHONPATH=$tree:$PYTHONPATH python3 -c "
-from sglang_overlap.kernels.capabilities import probe_package, combine_forms
+from sglang_overlap.kernels.capabilities import combine_forms
+from sglang_overlap.kernels.package_source import probe_package
 p = probe_package('deep_ep', ('Buffer.low_latency_combine',))
 from benchmarks.harness.deepep import load_deep_ep
 try:

@@ -28,7 +28,8 @@ def init(num_experts_max: int = E_LOCAL_MAX, n: int = N_MAX) -> dict[str, Any]:
     import torch.distributed as dist
 
     from benchmarks.harness.deepep import load_deep_ep
-    from sglang_overlap.kernels.capabilities import combine_forms, read_params
+    from sglang_overlap.kernels.capabilities import combine_forms
+    from sglang_overlap.kernels.package_source import read_params
 
     env_defaults()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -134,7 +134,8 @@ def load_deep_ep(form: CombineForm | None = None) -> Any:
     location), what is wrong and what to install: not installed, no `low_latency_combine`
     taking `form`'s arguments (read from its source before loading anything), or an extension
     that fails to load (e.g. built for another torch / NCCL, or libnvshmem missing)."""
-    from sglang_overlap.kernels.capabilities import DEEP_EP_COMBINE, combine_forms, probe_package
+    from sglang_overlap.kernels.capabilities import DEEP_EP_COMBINE, combine_forms
+    from sglang_overlap.kernels.package_source import probe_package
 
     found = probe_package(DEEP_EP_COMBINE[0], (DEEP_EP_COMBINE[1],))
     hint = FORM_INSTALL.get(form or "per_expert", FORM_INSTALL["per_expert"])

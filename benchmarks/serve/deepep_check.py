@@ -24,8 +24,9 @@ def run() -> dict[str, object]:
     import torch
     import torch.distributed as dist
 
-    from sglang_overlap.kernels.capabilities import combine_forms, probe_package
+    from sglang_overlap.kernels.capabilities import combine_forms
     from sglang_overlap.kernels.combine_overlap import combine_overlap_kwargs
+    from sglang_overlap.kernels.package_source import probe_package
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))

@@ -31,9 +31,9 @@ from sglang_overlap.kernels.capabilities import (
     ProbeReport,
     combine_forms,
     nvidia_driver_present,
-    package_dir,
     probe,
 )
+from sglang_overlap.kernels.package_source import package_dir
 from sglang_overlap.kernels.producers import sbo_producers
 from sglang_overlap.modes import Mode
 from sglang_overlap.settings import OverlapSettings, SettingsError, validate_settings

@@ -36,7 +36,7 @@ from sglang_overlap.planning.sbo_path import CombineForm
 if TYPE_CHECKING:
     import torch
 
-    from sglang_overlap.kernels.capabilities import FunctionParams
+    from sglang_overlap.kernels.package_source import FunctionParams
     from sglang_overlap.planning.sbo_layout import SboLayout
 
 HYBRID_SEND_MAX_SMS = 32  # hybrid-ep's send-only combine: "num_device_sms = 32"

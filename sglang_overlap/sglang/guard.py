@@ -59,7 +59,7 @@ def installed_version() -> str | None:
 
 
 def _sglang_dir() -> Path | None:
-    from sglang_overlap.kernels.capabilities import package_dir
+    from sglang_overlap.kernels.package_source import package_dir
 
     return package_dir("sglang")
 

@@ -16,7 +16,7 @@ from tests.conftest import require_module
 require_module("sglang")
 
 from sglang_overlap.cli.main import main  # noqa: E402
-from sglang_overlap.kernels.capabilities import package_dir  # noqa: E402
+from sglang_overlap.kernels.package_source import package_dir  # noqa: E402
 
 HAS_TRITON = package_dir("triton") is not None
 ROOT = Path(__file__).resolve().parents[2]

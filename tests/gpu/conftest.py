@@ -111,7 +111,8 @@ def ep() -> EpEnv:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from benchmarks.harness.deepep import load_deep_ep
-    from sglang_overlap.kernels.capabilities import combine_forms, read_params
+    from sglang_overlap.kernels.capabilities import combine_forms
+    from sglang_overlap.kernels.package_source import read_params
 
     try:
         deep_ep = load_deep_ep()

@@ -142,9 +142,9 @@ def test_plugin_overlap_kwargs_bind_and_run_on_real_combine(ep, e_local: int, t:
     and, with the signal at its final value, give the plain combine's result; the other
     form's kwargs are refused at start-up (ValueError) and by the real call (TypeError)."""
     from sglang_overlap.kernels.capabilities import device_num_sms as num_sms
-    from sglang_overlap.kernels.capabilities import read_params
     from sglang_overlap.kernels.combine_overlap import check_combine_call, layout_overlap_kwargs
     from sglang_overlap.kernels.down_gemm import combine_signal_layout
+    from sglang_overlap.kernels.package_source import read_params
     from sglang_overlap.kernels.signals import new_signal
 
     if ep.form is None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from benchmarks.harness.deepep import HarnessDeepEPDispatcher, plan_deepep_buffer
-from sglang_overlap.kernels.capabilities import FunctionParams, package_dir, read_params
 from sglang_overlap.kernels.combine_overlap import check_combine_call, combine_overlap_kwargs
+from sglang_overlap.kernels.package_source import FunctionParams, package_dir, read_params
 from sglang_overlap.kernels.signals import SignalContract
 from sglang_overlap.planning.sbo_layout import plan_sbo_layout
 from tests.oracle.experts import LocalDispatcher, ReferenceExperts

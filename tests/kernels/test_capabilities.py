@@ -14,10 +14,9 @@ from sglang_overlap.kernels.capabilities import (
     combine_forms,
     detect_gpu,
     gemm_takes_signal,
-    package_dir,
     probe,
-    read_params,
 )
+from sglang_overlap.kernels.package_source import package_dir, read_params
 from sglang_overlap.planning.sbo_path import Capabilities, SboPath, SboRequest, decide_sbo_path
 
 COMBINE_SRC = {

@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_overlap.kernels.capabilities import (
-    combine_forms,
-    package_version,
-    probe_package,
-    read_params,
-)
+from sglang_overlap.kernels.capabilities import combine_forms
 from sglang_overlap.kernels.combine_overlap import (
     HYBRID_SEND_MAX_SMS,
     check_combine_call,
@@ -24,6 +19,7 @@ from sglang_overlap.kernels.combine_overlap import (
     layout_overlap_kwargs,
 )
 from sglang_overlap.kernels.down_gemm import combine_signal_layout
+from sglang_overlap.kernels.package_source import package_version, probe_package, read_params
 from sglang_overlap.kernels.signals import new_signal
 
 TREES = Path(__file__).resolve().parents[1] / "fixtures" / "deep_ep_trees"

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sglang_overlap.kernels.capabilities import FunctionParams, probe, read_params
+from sglang_overlap.kernels.capabilities import probe
+from sglang_overlap.kernels.package_source import FunctionParams, read_params
 
 KIT = Path(__file__).resolve().parent
 STANDINS = KIT / "standins"

@@ -113,7 +113,7 @@ def test_info_labels_of_a_plain_process() -> None:
     labels = mc.info_labels()
     assert set(labels) == set(mc.INFO_LABELS)
     assert labels["sbo_path"] == "off" and labels["sbo_producer"] == "none"
-    from sglang_overlap.kernels.capabilities import package_version
+    from sglang_overlap.kernels.package_source import package_version
 
     assert labels["deep_gemm_version"] == (package_version("deep_gemm") or "none")
     assert labels["guard"] == "ok"

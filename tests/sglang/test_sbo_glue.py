@@ -22,7 +22,8 @@ from tests.conftest import require_module
 
 require_module("sglang")
 
-from sglang_overlap.kernels.capabilities import probe, read_params  # noqa: E402
+from sglang_overlap.kernels.capabilities import probe  # noqa: E402
+from sglang_overlap.kernels.package_source import read_params  # noqa: E402
 from sglang_overlap.planning.sbo_path import SboDecision, SboPath  # noqa: E402
 from sglang_overlap.settings import SettingsError  # noqa: E402
 from sglang_overlap.sglang import sbo_decision  # noqa: E402

@@ -47,7 +47,7 @@ class Source:
 
 def installed(search_path: list[str] | None = None) -> Installed:
     """The deep_gemm that imports first on `search_path` (default sys.path), read from disk."""
-    from sglang_overlap.kernels.capabilities import package_dir, package_version
+    from sglang_overlap.kernels.package_source import package_dir, package_version
 
     root = package_dir("deep_gemm", search_path)
     if root is None:

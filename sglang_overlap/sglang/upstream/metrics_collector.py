@@ -110,7 +110,7 @@ def bucket_label(lo: int, hi: int) -> str:
 def info_labels() -> dict[str, str]:
     """The SBO path this process serves, its down-GEMM producer, the kernel versions and the
     version guard's verdict."""
-    from sglang_overlap.kernels.capabilities import package_version
+    from sglang_overlap.kernels.package_source import package_version
     from sglang_overlap.sglang import sbo_decision, state
     from sglang_overlap.sglang.upstream import server_args
 
