@@ -18,41 +18,21 @@ when the flags cannot work here, or when the model could not be checked (one lin
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import subprocess
 import sys
 from typing import Any
 
-from sglang_overlap.cli import check_flags, check_model
+from sglang_overlap.cli import check_flags, check_model, check_sections
 from sglang_overlap.cli.check_text import render
 from sglang_overlap.kernels.capabilities import (
     ARCH_CHOICES,
     ProbeReport,
-    combine_forms,
-    nvidia_driver_present,
     probe,
 )
-from sglang_overlap.kernels.package_source import package_dir
-from sglang_overlap.kernels.producers import sbo_producers
 from sglang_overlap.modes import Mode
 from sglang_overlap.settings import OverlapSettings, SettingsError, validate_settings
 
 NO_A2A = "none"  # --moe-a2a-backend's value for no all-to-all backend
-
-ENTRY_GROUP, ENTRY_NAME = "sglang.srt.plugins", "sglang_overlap"
-_IMPORT_SNIPPET = """
-import json
-out = {}
-for name in ("deep_ep", "deep_gemm"):
-    try:
-        __import__(name)
-        out[name] = None
-    except BaseException as exc:
-        out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-print(json.dumps(out))
-"""
-
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str, help: str) -> None:
     p = subparsers.add_parser(
@@ -80,105 +60,6 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str, help: str) -> 
     p.parse_known_args = parse_known_args
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _start_import_check(skip: bool) -> subprocess.Popen[str] | None:
-    """Try importing deep_ep / deep_gemm in a subprocess, running beside the rest of the
-    report; not where no NVIDIA driver is loaded (they cannot load CUDA there)."""
-    if skip or not nvidia_driver_present():
-        return None
-    return subprocess.Popen([sys.executable, "-c", _IMPORT_SNIPPET], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-
-
-def _import_errors(proc: subprocess.Popen[str] | None) -> dict[str, str | None]:
-    if proc is None:
-        return {}
-    try:
-        stdout, _ = proc.communicate(timeout=180)
-        result: dict[str, str | None] = json.loads(stdout.strip().splitlines()[-1])
-        return result
-    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        proc.kill()
-        return {"deep_ep": f"import check failed: {exc}", "deep_gemm": None}
-
-
-def _machine() -> dict[str, Any]:
-    """python, torch and its CUDA version, read from files (torch is not imported)."""
-    found: dict[str, str | None] = {"__version__": _version("torch"), "cuda": None}
-    root = package_dir("torch")
-    if root is not None and (root / "version.py").is_file():
-        for line in (root / "version.py").read_text().splitlines():
-            name, _, value = line.partition("=")
-            name = name.split(":")[0].strip()
-            if name in found:
-                value = value.strip().strip("'\"")
-                found[name] = None if value == "None" else value
-    return {"python": sys.version.split()[0], "torch": found["__version__"],
-            "cuda": found["cuda"]}
-
-
-def _sglang_section(load: bool, verdict: Any) -> dict[str, Any]:
-    """sglang's version, the entry point, the version guard's `verdict`; with `load`, SGLang's
-    own plugin loader run here (imports SGLang)."""
-    eps = importlib.metadata.entry_points(group=ENTRY_GROUP)
-    out: dict[str, Any] = {"version": _version("sglang"), "plugin": ENTRY_NAME,
-                           "plugin_discovered": any(e.name == ENTRY_NAME for e in eps),
-                           "plugin_loaded": None}
-    if out["version"] is None:
-        out["plugin_loaded"] = False
-        return out
-    from sglang_overlap.sglang import hooks
-
-    if load:
-        registered = hooks.load_through_sglang()
-        out["plugin_loaded"] = registered > 0
-        out["hooks_registered"] = registered
-    problems = {**{f"{f} (on CPU servers)": p for f in verdict.off_on_cpu
-                   if (p := verdict.message(f, cpu=True))},
-                **{f: p for f in verdict.off if (p := verdict.message(f))}}
-    out["guard"] = "ok" if not problems else "; ".join(
-        f"{feature} off: {problem}" for feature, problem in problems.items())
-    return out
-
-
-def _kernels_section(report: ProbeReport, errors: dict[str, str | None]) -> dict[str, Any]:
-    forms = combine_forms(report.deep_ep.params)
-    caps = report.capabilities
-    out: dict[str, Any] = {}
-    for probe_ in (report.deep_ep, report.deep_gemm):
-        entry: dict[str, Any] = {"version": probe_.version, "function": probe_.function,
-                                 "read": probe_.note}
-        if probe_.module in errors and probe_.version is not None:
-            entry["importable"] = errors[probe_.module] is None
-            entry["import_error"] = errors[probe_.module]
-        out[probe_.module] = entry
-    out["deep_ep"]["low_latency_combine_overlap"] = (
-        " + ".join(f.replace("_", "-") + " form" for f in forms) or "none")
-    out["deep_gemm"]["masked_gemm_with_signals"] = caps.deep_gemm_signal
-    out["triton"] = report.triton
-    out["plugin_signal_gemm"] = caps.plugin_signal_gemm
-    from sglang_overlap.kernels.signal_deepgemm import probe as probe_patched_deepgemm
-    from sglang_overlap.kernels.signal_deepgemm import served_producer
-
-    why_not = probe_patched_deepgemm()  # reads files only; no GPU needed to answer
-    version, _, why = served_producer()
-    if why_not is None and report.gpu.arch != "sm90":  # the headers would build, nothing runs it
-        why_not = (f"an SM90 (Hopper) kernel; this machine: {report.gpu.arch} (the installed "
-                   f"headers and nvcc would build it: {why})")
-    out["plugin_patched_deepgemm"] = {"available": why_not is None, "deep_gemm": version,
-                                      "reason": why_not or why}
-    out["triton_version"] = report.triton_version
-    out["sbo_producer"] = sbo_producers(why_not, triton_installed=report.triton,
-                                        triton_version=report.triton_version).to_dict()
-    return out
-
-
 def _tbo(settings: OverlapSettings, values: Any) -> str:
     if not settings.enable_two_batch_overlap:
         return "off"
@@ -202,7 +83,7 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     at start (then nothing is evaluated for them), 1 when they cannot work on this machine."""
     from sglang_overlap.plugin import guard_verdict
 
-    imports = _start_import_check(not import_check)
+    imports = check_sections.start_import_check(not import_check)
     verdict, _ = guard_verdict()  # files read; what it turns off is refused, as at start-up
     flags: dict[str, Any] = {"server_argv": server_argv, "errors": [], "warnings": []}
     settings, values = _parse(server_argv, flags, full)
@@ -216,12 +97,13 @@ def gather(server_argv: list[str], *, assume_arch: str | None = None,
     report = probe(assume_arch=assume_arch)
     gpu = report.gpu
     out: dict[str, Any] = {
-        "machine": {**_machine(), "gpu_arch": gpu.arch, "gpu_source": gpu.source,
+        "machine": {**check_sections.machine(), "gpu_arch": gpu.arch, "gpu_source": gpu.source,
                     "gpu_name": gpu.name, "capability": gpu.capability, "sm_count": gpu.sm_count,
                     "gpu_count": gpu.device_count, "driver_cuda": gpu.driver_cuda,
                     "gpu_problem": gpu.problem, "cpu_only": gpu.arch == "cpu"},
-        "sglang": _sglang_section(full or "sglang.srt.server_args" in sys.modules, verdict),
-        "kernels": _kernels_section(report, _import_errors(imports)),
+        "sglang": check_sections.sglang_section(
+            full or "sglang.srt.server_args" in sys.modules, verdict),
+        "kernels": check_sections.kernels_section(report, check_sections.import_errors(imports)),
         "flags": flags,
     }
     out["flags"]["settings"] = settings.to_dict() if settings else None
