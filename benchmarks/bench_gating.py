@@ -159,6 +159,8 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
         out.logs["tbo"] = servers.pop("tbo").log_text()
         out.phases.append(measure(["none", "auto_wrong"]))
         out.tokens["auto_wrong"] = _greedy(servers["auto_wrong"])
+        for server in servers.values():  # the three stop side by side (each sleeps 5 s)
+            server.stop_in_background()
         for name, server in servers.items():
             server.__exit__(None, None, None)
             out.logs[name] = server.log_text()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from graph_runs import CONFIGS as GRAPH_CONFIGS
 from graph_runs import GraphRuns
 from overlap_runs import OverlapRuns
 
@@ -56,11 +58,19 @@ def overlap_runs(tiny_dsv3: Path, sglang_cpu_env: dict[str, str],
 
 
 @pytest.fixture(scope="session")
-def graph_runs(tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, str],
-               tmp_path_factory: pytest.TempPathFactory) -> GraphRuns:
+def graph_runs(request: pytest.FixtureRequest, tiny_dsv3: Path, cpu_kit: Kit,
+               sglang_cpu_env: dict[str, str],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[GraphRuns]:
     """The servers of graph_runs.CONFIGS (decode through the stand-in graph backend; deepep
-    on the kit's deep_ep stand-ins of each combine form)."""
+    on the kit's deep_ep stand-ins of each combine form). Those the selected tests name
+    (parametrized `name`) are planned in CONFIGS order: each loads while the one before answers."""
     deepep = {form: cpu_kit.env(os.environ, pythonpath=[str(REPO)],
                                 deepep_form=form)["PYTHONPATH"]
               for form in ("per_expert", "per_block")}
-    return GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"), deepep)
+    named = {item.callspec.params.get("name") for item in request.session.items
+             if isinstance(item, pytest.Function) and "graph_runs" in item.fixturenames
+             and hasattr(item, "callspec")}
+    runs = GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"), deepep,
+                     [name for name in GRAPH_CONFIGS if name in named])
+    yield runs
+    runs.close()

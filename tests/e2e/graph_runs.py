@@ -1,5 +1,6 @@
 """Servers that decode through SGLang's own `DecodeCudaGraphRunner` on the CPU (the kit's
-stand-in graph backend, SGLANG_CPU_SHIM_GRAPHS=1), each started once per test session.
+stand-in graph backend, SGLANG_CPU_SHIM_GRAPHS=1), each started once per test session, on first
+use; the next of those the session's tests name loads while it answers.
 
 Every server answers overlap_runs' fixed prompts (LONG alone, then BATCH of six as one request:
 decode batches of 6 replay the graph of 8, LONG's single request the smallest captured size)
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from overlap_runs import A2A, BATCH, LONG, NEW_TOKENS, Probes, _probe
-from servers import Server
+from servers import Lineup, Server
 
 GRAPH_BS = ["--cuda-graph-bs-decode", "1", "2", "4", "8"]
 GRAPH_ENV = {"SGLANG_CPU_SHIM_GRAPHS": "1"}
@@ -113,31 +114,45 @@ class GraphRuns:
     """name -> GraphRun, each configuration's server started on first use."""
 
     def __init__(self, model: Path, env: dict[str, str], log_dir: Path,
-                 deepep_pythonpath: dict[str, str] | None = None) -> None:
+                 deepep_pythonpath: dict[str, str] | None = None,
+                 planned: list[str] | None = None) -> None:
         """`deepep_pythonpath`: combine form -> PYTHONPATH for the deepep servers of that form
-        (env's, with the kit's deep_ep / deep_gemm stand-ins: `Kit.env(..., deepep_form=...)`)."""
+        (env's, with the kit's deep_ep / deep_gemm stand-ins: `Kit.env(..., deepep_form=...)`).
+        `planned`: the names the tests will ask for, in that order: asking for one starts the
+        next one not run yet (their answers are compared, not timed). `close` stops those."""
         self.model, self.env, self.log_dir = model, env, log_dir
         self.deepep_pythonpath = deepep_pythonpath or {}
+        self.planned = planned or []
         self._runs: dict[str, GraphRun] = {}
+        self._lineup = Lineup()
 
     def __getitem__(self, name: str) -> GraphRun:
         if name not in self._runs:
-            self._runs[name] = self._run(name)
+            after = self.planned[self.planned.index(name) + 1:] if name in self.planned else []
+            upcoming = [self._server(n) for n in after if n not in self._runs]
+            server = self._lineup.take(self._server(name), upcoming)
+            self._runs[name] = self._answer(server)
+            self._lineup.done(server)
         return self._runs[name]
 
-    def _run(self, name: str) -> GraphRun:
+    def close(self) -> None:
+        self._lineup.close()
+
+    def _server(self, name: str) -> Server:
         config = CONFIGS[name]
         env = config.env
         if config.deepep_form is not None:
             env = {**env, "PYTHONPATH": self.deepep_pythonpath[config.deepep_form]}
         counters = self.log_dir / f"{name}-counters"
-        counters.mkdir()
-        server = Server(name, self.model, PORT + list(CONFIGS).index(name), config.flags,
-                        {**self.env, **env, "SGLANG_CPU_SHIM_COUNTERS": str(counters)},
-                        self.log_dir)
-        with server:
-            ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
-            log = server.log_text()
-            snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
-            found, probe_log = _probe(server) if config.probed else (None, "")
+        counters.mkdir(exist_ok=True)
+        return Server(name, self.model, PORT + list(CONFIGS).index(name), config.flags,
+                      {**self.env, **env, "SGLANG_CPU_SHIM_COUNTERS": str(counters)},
+                      self.log_dir)
+
+    def _answer(self, server: Server) -> GraphRun:
+        config, counters = CONFIGS[server.name], self.log_dir / f"{server.name}-counters"
+        ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
+        log = server.log_text()
+        snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
+        found, probe_log = _probe(server) if config.probed else (None, "")
         return GraphRun(ids, log, snaps, found, probe_log)

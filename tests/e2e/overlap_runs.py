@@ -1,5 +1,6 @@
 """The server configurations the overlap and reliability tests compare, each started once per
-test session (tiny random DeepSeek-V3, CPU, one server at a time: each start costs ~1 min here).
+test session (tiny random DeepSeek-V3, CPU; each start costs ~1 min here). A server is started
+on first use, or by `OverlapRuns.ensure` with the next ones loading while it answers.
 
 Every server answers the same fixed prompts (test_overlap_servers.py compares those tokens). The
 servers of PROBED - the one without the plugin and the three overlap modes - then also answer
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import probes
-from servers import Server
+from servers import Server, one_after_another
 
 LONG = " ".join(f"The quick brown fox {i} jumps over the lazy dog {i * 7 % 10}." for i in range(40))
 BATCH = ["Hello world! What is the capital of France?", "User: hi there.", "1 + 2 = 3, 4 + 5 =",
@@ -141,17 +142,25 @@ class OverlapRuns:
         self._runs: dict[str, Run] = {}
 
     def __getitem__(self, name: str) -> Run:
-        if name not in self._runs:
-            self._runs[name] = self._run(name)
+        self.ensure([name])
         return self._runs[name]
 
-    def _run(self, name: str) -> Run:
+    def ensure(self, names: list[str]) -> None:
+        """Run each of `names` not run yet, in order, the next ones loading while one answers
+        (their answers are compared, not timed)."""
+        missing = [self._server(name) for name in dict.fromkeys(names) if name not in self._runs]
+        for server in one_after_another(missing):
+            self._runs[server.name] = self._answer(server)
+
+    def _server(self, name: str) -> Server:
         flags, env = CONFIGS[name]
-        server = Server(name, self.model, PORT + list(CONFIGS).index(name), flags,
-                        {**self.env, **env}, self.log_dir)
-        with server:
-            before = get(f"{server.url}/metrics") if name in METRICS_SCRAPED else ""
-            ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
-            metrics = _settled_metrics(server.url, before) if name in METRICS_SCRAPED else None
-            found, log = _probe(server) if name in PROBED else (None, server.log_text())
+        return Server(name, self.model, PORT + list(CONFIGS).index(name), flags,
+                      {**self.env, **env}, self.log_dir)
+
+    def _answer(self, server: Server) -> Run:
+        name = server.name
+        before = get(f"{server.url}/metrics") if name in METRICS_SCRAPED else ""
+        ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
+        metrics = _settled_metrics(server.url, before) if name in METRICS_SCRAPED else None
+        found, log = _probe(server) if name in PROBED else (None, server.log_text())
         return Run(ids, log, found, metrics)

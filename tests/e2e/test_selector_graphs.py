@@ -19,6 +19,7 @@ import json
 import os
 import re
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from overlap_runs import (
     _probe,
     assert_answers_as,
 )
-from servers import Server
+from servers import Lineup, Server
 
 from tests.conftest import REPO
 from tests.kit import Kit
@@ -113,19 +114,39 @@ def _server_table(url: str) -> dict[str, Any]:
     return tables[0]
 
 
+@pytest.fixture(scope="module")
+def selector_servers(request: pytest.FixtureRequest, tiny_dsv3: Path, cpu_kit: Kit,
+                     sglang_cpu_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[tuple[Lineup, dict[str, Server]]]:
+    """The server of each configuration the selected tests use, in CONFIGS order (as pytest
+    runs the `run` params), with the Lineup that loads the next while one answers."""
+    used = {item.callspec.params.get("run") for item in request.session.items
+            if isinstance(item, pytest.Function) and hasattr(item, "callspec")
+            and item.module is request.module}
+    out = {}
+    for name in (n for n in CONFIGS if n in used):
+        config, work = CONFIGS[name], tmp_path_factory.mktemp(name)
+        (work / "counters").mkdir()
+        env = {**sglang_cpu_env, **GRAPH_ENV, **config.env,
+               "SGLANG_CPU_SHIM_COUNTERS": str(work / "counters")}
+        if config.deepep:
+            env["PYTHONPATH"] = cpu_kit.env(os.environ, pythonpath=[str(REPO)],
+                                            deepep_form="per_expert")["PYTHONPATH"]
+        out[name] = Server(name, tiny_dsv3, PORT + list(CONFIGS).index(name), config.flags,
+                           env, work)
+    lineup = Lineup()
+    yield lineup, out
+    lineup.close()
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def run(request: Any, tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, str],
-        tmp_path_factory: pytest.TempPathFactory) -> SelectorRun:
+def run(request: Any, selector_servers: tuple[Lineup, dict[str, Server]]) -> SelectorRun:
     name, config = request.param, CONFIGS[request.param]
-    work = tmp_path_factory.mktemp(name)
-    counters = work / "counters"
-    counters.mkdir()
-    env = {**sglang_cpu_env, **GRAPH_ENV, **config.env, "SGLANG_CPU_SHIM_COUNTERS": str(counters)}
-    if config.deepep:
-        env["PYTHONPATH"] = cpu_kit.env(os.environ, pythonpath=[str(REPO)],
-                                        deepep_form="per_expert")["PYTHONPATH"]
-    port = PORT + list(CONFIGS).index(name)
-    with Server(name, tiny_dsv3, port, config.flags, env, work) as server:
+    lineup, planned = selector_servers
+    names = list(planned)
+    server = lineup.take(planned[name], [planned[n] for n in names[names.index(name) + 1:]])
+    counters = server.log.parent / "counters"
+    try:
         ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)
         for _ in range(3):  # more decode steps at batch 6 and 1: each mode explored, measured
             server.generate(BATCH, NEW_TOKENS)
@@ -134,6 +155,8 @@ def run(request: Any, tiny_dsv3: Path, cpu_kit: Kit, sglang_cpu_env: dict[str, s
         log = server.log_text()
         snaps = [json.loads(p.read_text()) for p in sorted(counters.glob("graphs-*.json"))]
         found, probe_log = _probe(server)
+    finally:
+        lineup.done(server)
     return SelectorRun(config.modes, name, ids, log, table, {int(s["rank"]): s for s in snaps},
                        found, probe_log)
 

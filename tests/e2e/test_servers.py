@@ -1,6 +1,7 @@
 """servers.py's start-up helpers on stand-in processes (`sleep`, no SGLang): a started server
 runs before it is waited for, one_after_another loads the next servers while the caller uses one
-and stops each once passed, and every one on an early exit; cpu_seconds counts the group's CPU."""
+and stops each once passed, and every one on an early exit; a server stopped in the background
+is gone once joined; cpu_seconds counts the group's CPU."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ class Sleeper(Server):
         return self.proc is not None
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Started, and not yet told to stop."""
+        return self.proc is not None and not self.stopping and self.proc.poll() is None
+
+    def gone(self) -> bool:
+        return self.proc is None or self.proc.poll() is not None
 
 
 def test_wait_ready_needs_a_started_server(tmp_path: Path) -> None:
@@ -39,7 +44,7 @@ def test_the_next_servers_load_while_one_is_used(tmp_path: Path, ahead: int) -> 
         assert [s.running() for s in servers] == [
             i <= j <= i + ahead for j in range(len(servers))], (i, server.name)
     assert seen == list("abcd")
-    assert not any(s.running() for s in servers)
+    assert all(s.gone() for s in servers)
 
 
 def test_an_early_exit_stops_every_started_server(tmp_path: Path) -> None:
@@ -47,7 +52,17 @@ def test_an_early_exit_stops_every_started_server(tmp_path: Path) -> None:
     used = one_after_another(servers)
     assert next(used).name == "a" and servers[1].running() and servers[2].proc is None
     used.close()
-    assert not any(s.running() for s in servers)
+    assert all(s.gone() for s in servers)
+
+
+def test_a_server_stopped_in_the_background_is_gone_once_joined(tmp_path: Path) -> None:
+    server = Sleeper("a", tmp_path).start()
+    server.stop_in_background()
+    assert server.stopping and not server.running()
+    server.__exit__(None, None, None)
+    assert server.gone()
+    server.stop_in_background()  # already gone: nothing to send
+    server.__exit__(None, None, None)
 
 
 def test_cpu_seconds_counts_the_process_group(tmp_path: Path) -> None:
