@@ -92,23 +92,23 @@ at "versions: $(cat "$L/versions.json")"
 kc=0 ds=0 da=0
 rm -f "$L"/kernels.json "$L"/deepep_*.json
 if [ "$CHECKS" = 1 ]; then
-python3 benchmarks/serve/kernel_check.py --json "$L/kernels.json" > "$L/kernels.log" 2>&1
-kc=$?
-grep "^\[kernels\]" "$L/kernels.log"
-python3 benchmarks/serve/deepep_check.py --json "$L/deepep_sgl.json" > "$L/deepep_sgl.log" 2>&1
-ds=$?
-at "sgl-deep-ep one rank: $(tail -1 "$L/deepep_sgl.log")"
-if [ -n "${build:-}" ]; then
-  wait "$build" || at "DeepEP antgroup-opt build FAILED: $(tail -3 "$L/deepep_build.log")"
-  at "DeepEP antgroup-opt built: $(ls "$A"/deep_ep_cpp*.so 2>/dev/null)"
-  for so in "$A"/deep_ep_cpp*.so; do  # back to the kit (build_kit.sh DEEPEP_SO=...)
-    [ -f "$so" ] && gzip -c "$so" > "$OUT/$(basename "$so").gz"
-  done
-fi
-DEEPEP_DISABLE_LL_DISPATCH_OPT=1 PYTHONPATH=$A:$PYTHONPATH python3 benchmarks/serve/deepep_check.py \
-  --json "$L/deepep_ant.json" > "$L/deepep_ant.log" 2>&1
-da=$?
-at "antgroup-opt one rank: $(tail -1 "$L/deepep_ant.log")"
+  python3 benchmarks/serve/kernel_check.py --json "$L/kernels.json" > "$L/kernels.log" 2>&1
+  kc=$?
+  grep "^\[kernels\]" "$L/kernels.log"
+  python3 benchmarks/serve/deepep_check.py --json "$L/deepep_sgl.json" > "$L/deepep_sgl.log" 2>&1
+  ds=$?
+  at "sgl-deep-ep one rank: $(tail -1 "$L/deepep_sgl.log")"
+  if [ -n "${build:-}" ]; then
+    wait "$build" || at "DeepEP antgroup-opt build FAILED: $(tail -3 "$L/deepep_build.log")"
+    at "DeepEP antgroup-opt built: $(ls "$A"/deep_ep_cpp*.so 2>/dev/null)"
+    for so in "$A"/deep_ep_cpp*.so; do  # back to the kit (build_kit.sh DEEPEP_SO=...)
+      [ -f "$so" ] && gzip -c "$so" > "$OUT/$(basename "$so").gz"
+    done
+  fi
+  DEEPEP_DISABLE_LL_DISPATCH_OPT=1 PYTHONPATH=$A:$PYTHONPATH python3 benchmarks/serve/deepep_check.py \
+    --json "$L/deepep_ant.json" > "$L/deepep_ant.log" 2>&1
+  da=$?
+  at "antgroup-opt one rank: $(tail -1 "$L/deepep_ant.log")"
 else
   at "kernel and DeepEP checks skipped (STAGE_CHECKS=0)"
 fi
