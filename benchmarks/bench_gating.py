@@ -182,7 +182,8 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
         for t in phase:
             if t is not ref and t.label == "none":
                 continue
-            entry: dict[str, Any] = {"vs": ref.label if ref in phase else f"{ref.label} (ph. 1)"}
+            here = any(x is ref for x in phase)  # else phase 1's none (phase2_none=False)
+            entry: dict[str, Any] = {"vs": ref.label if here else f"{ref.label} (ph. 1)"}
             for key in ("output_throughput", "mean_ttft_ms", "mean_itl_ms"):
                 series = [x[key] for x in t.rounds]
                 ratio = paired_ratio(series, [x[key] for x in ref.rounds])
