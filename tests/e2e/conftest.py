@@ -18,6 +18,7 @@ import pytest
 from graph_runs import CONFIGS as GRAPH_CONFIGS
 from graph_runs import GraphRuns
 from overlap_runs import OverlapRuns
+from servers import selected_params
 
 from tests.conftest import REPO, prerequisite_missing
 from tests.kit import INSTALL_HINT, Kit, KitMissing, build_kit, find_executable, pd_missing
@@ -67,9 +68,7 @@ def graph_runs(request: pytest.FixtureRequest, tiny_dsv3: Path, cpu_kit: Kit,
     deepep = {form: cpu_kit.env(os.environ, pythonpath=[str(REPO)],
                                 deepep_form=form)["PYTHONPATH"]
               for form in ("per_expert", "per_block")}
-    named = {item.callspec.params.get("name") for item in request.session.items
-             if isinstance(item, pytest.Function) and "graph_runs" in item.fixturenames
-             and hasattr(item, "callspec")}
+    named = selected_params(request.session.items, "name", fixture="graph_runs")
     runs = GraphRuns(tiny_dsv3, sglang_cpu_env, tmp_path_factory.mktemp("graph-servers"), deepep,
                      [name for name in GRAPH_CONFIGS if name in named])
     yield runs

@@ -128,9 +128,8 @@ class GraphRuns:
 
     def __getitem__(self, name: str) -> GraphRun:
         if name not in self._runs:
-            after = self.planned[self.planned.index(name) + 1:] if name in self.planned else []
-            upcoming = [self._server(n) for n in after if n not in self._runs]
-            server = self._lineup.take(self._server(name), upcoming)
+            server = self._lineup.take_planned(
+                self._server(name), [self._server(n) for n in self.planned if n not in self._runs])
             self._runs[name] = self._answer(server)
             self._lineup.done(server)
         return self._runs[name]

@@ -143,6 +143,17 @@ class Server:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def selected_params(items: list[Any], param: str, fixture: str | None = None,
+                    module: Any = None) -> set[Any]:
+    """The values of parametrized argument `param` among the collected test `items` (pytest's
+    `request.session.items`) that use `fixture` and, if given, live in `module`: the servers
+    a selected run needs, so that none is started for a deselected test."""
+    return {item.callspec.params.get(param) for item in items
+            if hasattr(item, "callspec") and hasattr(item, "fixturenames")
+            and (fixture is None or fixture in item.fixturenames)
+            and (module is None or item.module is module)}
+
+
 def one_after_another(servers: list[Server], ahead: int = 1) -> Iterator[Server]:
     """Each server, ready, in order; while the caller uses one, the next `ahead` ones load
     (each stopped in the background when the caller moves past it, all on exit). For servers
@@ -175,6 +186,13 @@ class Lineup:
             if later.proc is None:
                 later.start()
         return server.wait_ready()
+
+    def take_planned(self, server: Server, plan: list[Server]) -> Server:
+        """`take(server, ...)` with the servers after it in `plan` (by name) as upcoming: the
+        next one loads while this one answers. A server not in `plan` starts none."""
+        names = [s.name for s in plan]
+        after = plan[names.index(server.name) + 1:] if server.name in names else []
+        return self.take(server, after)
 
     def done(self, server: Server) -> None:
         self.started[server.name].stop_in_background()

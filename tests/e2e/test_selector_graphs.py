@@ -47,7 +47,7 @@ from overlap_runs import (
     _probe,
     assert_answers_as,
 )
-from servers import Lineup, Server
+from servers import Lineup, Server, selected_params
 
 from tests.conftest import REPO
 from tests.kit import Kit
@@ -120,9 +120,7 @@ def selector_servers(request: pytest.FixtureRequest, tiny_dsv3: Path, cpu_kit: K
                      ) -> Iterator[tuple[Lineup, dict[str, Server]]]:
     """The server of each configuration the selected tests use, in CONFIGS order (as pytest
     runs the `run` params), with the Lineup that loads the next while one answers."""
-    used = {item.callspec.params.get("run") for item in request.session.items
-            if isinstance(item, pytest.Function) and hasattr(item, "callspec")
-            and item.module is request.module}
+    used = selected_params(request.session.items, "run", module=request.module)
     out = {}
     for name in (n for n in CONFIGS if n in used):
         config, work = CONFIGS[name], tmp_path_factory.mktemp(name)
@@ -143,8 +141,7 @@ def selector_servers(request: pytest.FixtureRequest, tiny_dsv3: Path, cpu_kit: K
 def run(request: Any, selector_servers: tuple[Lineup, dict[str, Server]]) -> SelectorRun:
     name, config = request.param, CONFIGS[request.param]
     lineup, planned = selector_servers
-    names = list(planned)
-    server = lineup.take(planned[name], [planned[n] for n in names[names.index(name) + 1:]])
+    server = lineup.take_planned(planned[name], list(planned.values()))
     counters = server.log.parent / "counters"
     try:
         ids = server.generate([LONG], NEW_TOKENS) + server.generate(BATCH, NEW_TOKENS)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from servers import Server, one_after_another
+from servers import Lineup, Server, one_after_another, selected_params
 
 
 class Sleeper(Server):
@@ -45,6 +46,34 @@ def test_the_next_servers_load_while_one_is_used(tmp_path: Path, ahead: int) -> 
             i <= j <= i + ahead for j in range(len(servers))], (i, server.name)
     assert seen == list("abcd")
     assert all(s.gone() for s in servers)
+
+
+def test_take_planned_starts_the_next_server_in_the_plan(tmp_path: Path) -> None:
+    a, b, c, lone = (Sleeper(name, tmp_path) for name in ("a", "b", "c", "lone"))
+    lineup = Lineup()
+    try:
+        assert lineup.take_planned(b, [a, b, c]) is b
+        assert b.running() and c.running() and a.proc is None  # after b only, one ahead
+        lineup.done(b)
+        assert lineup.take_planned(Sleeper("c", tmp_path), [a, b, c]) is c  # by name: c itself
+        assert a.proc is None  # nothing after c
+        assert lineup.take_planned(lone, [a, b, c]) is lone and a.proc is None  # not planned
+    finally:
+        lineup.close()
+    assert all(s.gone() for s in (a, b, c, lone))
+
+
+def test_selected_params_reads_only_the_matching_items() -> None:
+    mod, other = object(), object()
+    def item(params: dict[str, str], fixtures: list[str], module: object) -> SimpleNamespace:
+        return SimpleNamespace(callspec=SimpleNamespace(params=params), fixturenames=fixtures,
+                               module=module)
+    items = [item({"name": "x"}, ["graph_runs"], mod), item({"name": "y"}, ["other"], mod),
+             item({"name": "z"}, ["graph_runs"], other),
+             SimpleNamespace(fixturenames=["graph_runs"])]  # not parametrized
+    assert selected_params(items, "name", fixture="graph_runs") == {"x", "z"}
+    assert selected_params(items, "name", module=mod) == {"x", "y"}
+    assert selected_params(items, "name", fixture="graph_runs", module=other) == {"z"}
 
 
 def test_an_early_exit_stops_every_started_server(tmp_path: Path) -> None:
