@@ -197,7 +197,7 @@ torch.__version__)" > "$OUT/import_$v.txt" 2>&1
       ${DGOWN_SHAPES:+--shapes $DGOWN_SHAPES} > "$OUT/dgown_$v.log" 2>&1 || r=$?
     [ $r = 0 ] || rc=1; at "benchmark $v: exit $r, $(grep -c '^{' "$OUT/dgown_$v.log") shapes"
   done
-  (cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
+  (cd "$(dirname "$DG_JIT_CACHE_DIR")" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true  # staged: GK/jit
   gpu=$(python3 -c "from sglang_overlap.kernels.gpu_tables import device_gpu as g; print(g())")
   [ -f "sglang_overlap/profiles/producer-$gpu.json" ] && python3 benchmarks/tune_producer.py \
     --show "sglang_overlap/profiles/producer-$gpu.json" \
@@ -360,6 +360,6 @@ if [ "$MODE" = dgsignal ] || [ "$MODE" = all ]; then
       [ -f "$f" ] && tr -s ' \n' ' ' < "$f" | grep -o "sm90_fp8_gemm_1d2d_impl<[^>]*>" && echo
     done; } > "$OUT/dg_configs.txt" 2>&1
 fi
-(cd "$CACHE/work" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true
+(cd "$(dirname "$DG_JIT_CACHE_DIR")" && tar -czf "$OUT/caches.tar.gz" deep_gemm triton 2>/dev/null) || true  # staged: GK/jit
 echo "run_gpu.sh $MODE exit $rc"
 exit $rc

@@ -133,7 +133,8 @@ def check_signals(sig: torch.Tensor, layout, msg: str) -> None:
 @pytest.mark.parametrize(("n", "k"), DG_NK)
 @pytest.mark.parametrize(("groups", "m"), DG_GROUPS)
 @pytest.mark.parametrize("producer", PRODUCERS)
-@pytest.mark.gpu_mem(24)  # 32 groups x 4096 rows x N 6144 x K 7168: fp32 quantisation, reference
+# 32 groups x 4096 rows x N 6144 x K 7168: fp32 quantisation, reference; 26.7 GiB on an H100
+@pytest.mark.gpu_mem(28)
 def test_deepgemm_masked_shapes(producer: str, groups: int, m: int, n: int, k: int,
                                 granularity: str) -> None:
     case = deepgemm_masked_case(groups * 131 + m + n + k, groups, m, n, k)

@@ -3,7 +3,8 @@
 Contracts: `token_bucket` is exact below 64 tokens, then rounds up to 16 steps per power of two;
 the candidates per phase (decode: none, tbo, sbo; prefill: none and the split labelled tbo);
 `FlatPrior` predicts every candidate equal; `CostModelPrior` returns exactly what
-`cost_model.predict` says for the bucketed load, applicable modes only, cached per bucket.
+`cost_model.predict` says for the bucketed load, every candidate (one that does not apply at the
+deployment priced as no overlap), cached per bucket.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def profiles() -> tuple:
 def _expected(profiles: tuple, deploy: Deployment, modes: list[str], moe: float) -> dict:
     model, hw = profiles
     pred = predict(model, hw, deploy, modes, moe_tokens=moe, timelines=False)
-    return {m: e.step_us for m, e in pred.estimates.items() if e.applicable}
+    return {m: e.step_us for m, e in pred.estimates.items()}
 
 
 def test_cost_model_prior_decode_is_the_cost_model_at_the_bucketed_load(profiles: tuple) -> None:
@@ -167,13 +168,25 @@ def test_cost_model_prior_zero_tokens_price_one_token(profiles: tuple) -> None:
     assert got == pytest.approx({"none": want["none"], "tbo": want["two_chunk"]}, rel=1e-12)
 
 
-def test_cost_model_prior_drops_modes_that_do_not_apply(profiles: tuple) -> None:
+def test_cost_model_prior_prices_a_mode_that_does_not_apply_as_no_overlap(profiles: tuple) -> None:
+    """One expert rank (one GPU): the cost model finds TBO and SBO inapplicable (nothing to hide)
+    but the server runs SBO there, so the gate must have a price for it: no overlap's. A mode left
+    out stopped the scheduler with KeyError at the first auto step (H100, 2026-12-07)."""
     model, hw = profiles
     single = Deployment(phase="decode", ep_size=1, tokens_per_gpu=8)
     p = CostModelPrior(model, hw, single, ALL)
     assert p.candidates("decode") == ("none", "tbo", "sbo")
-    assert set(p.predictions("decode", 32, 32.0)) == {"none"}
-    assert set(p.predictions("prefill", 512, 512.0)) == {"none"}
+    for phase, busiest in (("decode", 32), ("prefill", 512)):
+        got = p.predictions(phase, busiest, float(busiest))
+        assert tuple(got) == p.candidates(phase)
+        none = predict(model, hw, dataclasses.replace(single, phase=phase, tokens_per_gpu=busiest),
+                       ["none"], moe_tokens=float(busiest), timelines=False).estimates["none"]
+        assert set(got.values()) == {none.step_us}, got
+    # where they apply (16 expert ranks) they are priced apart from none: the equality above is
+    # the inapplicable case, not every price
+    wide = CostModelPrior(model, hw, dataclasses.replace(single, ep_size=16), ALL)
+    got = wide.predictions("decode", 32, 32.0)
+    assert got["sbo"] != got["none"] and got["tbo"] != got["none"]
 
 
 def test_cost_model_prior_caches_per_bucket_and_bounds_the_cache(profiles: tuple,

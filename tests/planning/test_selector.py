@@ -544,3 +544,20 @@ def test_ranks_with_different_timings_decide_identically_after_sharing(seed: int
             for t in local:  # each rank's own, noisy, timing of the step
                 t.add(cell_index(phase, ds[0].bucket, ds[0].mode),
                       base[ds[0].mode] * rng.uniform(0.9, 1.1))
+
+
+def test_one_expert_rank_with_sbo_enabled_decides_and_explores_sbo() -> None:
+    """--overlap-gating auto on one GPU (H100 profile, --ep 1): every step decides (the KeyError
+    that stopped the server at its first decode step is gone), the first choice is none (the prior
+    prices SBO as none, ties go to none) and SBO is explored, so measurements decide."""
+    prior = CostModelPrior(DSV3, load_hardware("H100"), Deployment(ep_size=1), frozenset({"sbo"}))
+    gate = ModeSelector(prior, SelectorConfig())
+    chosen = []
+    for _ in range(64):
+        d = gate.decide("decode", [8])
+        chosen.append(d.mode)
+        if d.cell is not None:
+            gate.merge_cells([(d.cell, 1, 1000 if d.mode == "none" else 1250)])
+    assert chosen[0] == "none" and "sbo" in chosen, chosen
+    assert chosen[-1] == "none"  # SBO measured 1.25x slower: none wins
+    assert gate.explored >= 1

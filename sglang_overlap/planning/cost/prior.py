@@ -11,7 +11,10 @@ Two priors, same interface (`candidates(phase)` and `predictions(phase, busiest,
 Candidates: decode runs none, TBO, SBO (whichever are enabled); prefill runs none and the TBO
 split, labelled "tbo" (whether a request is cut in two chunks is TBO's own plan, per batch).
 Prefill TBO is priced as balanced halves (the cost model's two_chunk): only token counts are
-shared between ranks, not sequence lengths.
+shared between ranks, not sequence lengths. Every candidate gets a price: one the cost model finds
+inapplicable at the deployment (SBO at one expert rank: nothing to hide) is priced as no overlap,
+which is what the cost model charges it, so ties go to none and the gate's measurements decide
+(the server runs it; a missing price would stop the scheduler at the first step).
 Plain Python; mypy --strict.
 """
 
@@ -57,7 +60,8 @@ class Prior(Protocol):
     def candidates(self, phase: Phase) -> tuple[Mode, ...]: ...
 
     def predictions(self, phase: Phase, busiest: int, mean: float) -> Mapping[Mode, float]:
-        """Predicted step time (us) of every candidate mode at this load."""
+        """Predicted step time (us) of every candidate mode (`candidates(phase)`, each one)
+        at this load."""
         ...
 
 
@@ -109,8 +113,9 @@ class CostModelPrior:
         pred = predict(self.model, self.hw, deploy, modes, moe_tokens=float(max(1, key[2])),
                        timelines=False)
         label = dict(zip(modes, self._cands[phase], strict=True))
-        result = {label[m]: e.step_us for m, e in pred.estimates.items()
-                  if m in label and e.applicable}
+        # an inapplicable mode's estimate is the cost model's price of no overlap (its note says
+        # why): the gate explores and measures it like any other candidate
+        result = {label[m]: e.step_us for m, e in pred.estimates.items() if m in label}
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = result
