@@ -69,7 +69,16 @@ SERVERS: dict[str, ServerSpec] = {
 WORDS = ("The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is "
          "the capital of France. User: hi there. Assistant: hello, how can I help you today? "
          "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) [ ] the and of to in is that for it").split()
+# Token checks, each deterministic in what the scheduler does with it (SGLang's numerics depend on
+# where chunked prefill cuts a prompt, and that depends on what else is queued: on an H100 the
+# SBO server's batch of the long prompts was cut elsewhere than the baseline's and two prompts
+# differed from their first token, before any decode step, 2026-12-07):
+# - BATCH: 8 short prompts, 8 x (28 characters + BOS) < TOKENS, so one prefill chunk holds
+#   them all however they arrive, then decode at batch sizes up to 8;
+# - PROMPTS: 40 to 670 characters (9 to 102 tokens; over a chunk together), one request at a
+#   time, so each is prefilled alone.
 PROMPTS = [" ".join(WORDS[(7 * i) % len(WORDS):] + WORDS)[: 40 + 90 * i] for i in range(8)]
+BATCH = [" ".join(WORDS[(5 * i) % len(WORDS):] + WORDS)[:28] for i in range(8)]
 NEW_TOKENS = 24
 SGLANG_CLI = ("import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
               "sys.exit(main())")
@@ -243,8 +252,8 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
             expect_refusal(rec, spec.refused, url, proc, log_path, args.start_timeout)
             raise _Done
         rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
-        rec["tokens_batch"] = generate(url, PROMPTS)
-        rec["tokens_single"] = generate(url, PROMPTS[:1])
+        rec["tokens_batch"] = generate(url, BATCH)
+        rec["tokens_single"] = [row for p in PROMPTS for row in generate(url, [p])]
         rec["bench"] = {}
         for c in args.concurrency:
             rec["bench"][str(c)] = bench(url, port, args.model, c, out / f"bench_{name}_c{c}")
