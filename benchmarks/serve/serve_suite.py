@@ -156,22 +156,31 @@ def generate(url: str, texts: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def bench(url: str, port: int, model: str, concurrency: int, out: Path) -> dict[str, Any]:
-    """SGLang's bench_serving: random token ids (input 128-256, output 64), 4 x concurrency
-    prompts (at least 8)."""
-    res = out.with_suffix(".jsonl")
-    cmd = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
-           "--host", "127.0.0.1", "--port", str(port), "--model", model,
+def bench(port: int, model: str, levels: list[int], out: Path) -> dict[str, Any]:
+    """SGLang's bench_serving at each concurrency, one process for all (bench_many.py): random
+    token ids (input 128-256, output 64), 4 x concurrency prompts (at least 8). Per concurrency
+    its record, or {"error": ...} naming the log."""
+    cmd = [sys.executable, str(Path(__file__).with_name("bench_many.py")),
+           "--concurrency", ",".join(map(str, levels)), "--out", str(out), "--",
+           "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port), "--model", model,
            "--tokenizer", model, "--dataset-name", "random-ids", "--random-input-len", "256",
-           "--random-output-len", "64", "--random-range-ratio", "0.5",
-           "--num-prompts", str(max(8, 4 * concurrency)), "--max-concurrency", str(concurrency),
-           "--output-file", str(res), "--disable-tqdm", "--seed", "1"]
-    with open(out.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300, check=True)
-    rec = json.loads(res.read_text().strip().splitlines()[-1])
+           "--random-output-len", "64", "--random-range-ratio", "0.5", "--disable-tqdm",
+           "--seed", "1"]
+    for c in levels:  # bench_serving appends: an earlier call's record must not stand in
+        Path(f"{out}_c{c}.jsonl").unlink(missing_ok=True)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                   timeout=120 + 120 * len(levels), check=False)
     keep = ("median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_ttft_ms", "median_tpot_ms",
             "output_throughput", "request_throughput", "completed", "duration")
-    return {k: rec.get(k) for k in keep}
+    recs: dict[str, Any] = {}
+    for c in levels:
+        res = Path(f"{out}_c{c}.jsonl")
+        lines = res.read_text().strip().splitlines() if res.exists() else []
+        if not lines:
+            raise RuntimeError(f"bench_serving at concurrency {c} wrote no record: {out}_c{c}.log")
+        rec = json.loads(lines[-1])
+        recs[str(c)] = {k: rec.get(k) for k in keep}
+    return recs
 
 
 def probe_counts(probe_dir: Path) -> dict[str, dict[str, int]]:
@@ -254,9 +263,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
         rec["tokens_batch"] = generate(url, BATCH)
         rec["tokens_single"] = [row for p in PROMPTS for row in generate(url, [p])]
-        rec["bench"] = {}
-        for c in args.concurrency:
-            rec["bench"][str(c)] = bench(url, port, args.model, c, out / f"bench_{name}_c{c}")
+        rec["bench"] = bench(port, args.model, args.concurrency, out / f"bench_{name}")
         time.sleep(1)
         rec["metrics"] = [line for line in str(http(f"{url}/metrics")).splitlines()
                           if line.startswith(("sglang_overlap", "sglang:num_requests_total",

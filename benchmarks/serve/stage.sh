@@ -3,7 +3,9 @@
 # root there:
 #   bash benchmarks/serve/stage.sh recv      # one call per part: carry .gpukit/kit.json and
 #                                            # .gpukit/parts/part-NN; prints held / missing
-#   bash benchmarks/serve/stage.sh install   # all parts held: assemble, install, check
+#   bash benchmarks/serve/stage.sh install   # all parts held: assemble, install, check (carry
+#                                            # .gpukit/jit.tar.gz and antgroup-opt-<kit>.so.gz
+#                                            # too where an earlier run returned them)
 #   source /tmp/gk/env.sh                    # later calls (run_gpu.sh does): the stack first
 # install puts torch 2.14.1 (+ torchvision 0.29.1) + NCCL 2.30.7 + triton 3.8.0 + sgl-deep-ep +
 # sgl-deep-gemm 0.2.3.post2 in GK/stack (pip --target), SGLang, sglang-kernel and the server's other packages in GK/sg,
@@ -64,6 +66,13 @@ EOF
   echo "$kit" > "$G/installed"
   at "installed kit $kit: $(du -sh "$S" | cut -f1) stack, $(du -sh "$X" | cut -f1) SGLang"
 fi
+# JIT caches of a later run than the kit's (run_serve.sh's jit.tar.gz, carried beside the last
+# part as .gpukit/jit.tar.gz): the first server then skips DeepGEMM's and Triton's compiles
+J=$ROOT/.gpukit/jit.tar.gz
+if [ -f "$J" ] && [ "$(cat "$G/jit/.carried" 2>/dev/null)" != "$(cksum < "$J")" ]; then
+  tar -xzf "$J" -C "$G/jit" && cksum < "$J" > "$G/jit/.carried" \
+    && at "JIT caches from $J: $(du -sh "$G/jit" | cut -f1)"
+fi
 # shellcheck disable=SC1091
 source "$G/env.sh"
 export PYTHONPATH=$ROOT:$PYTHONPATH
@@ -71,6 +80,12 @@ export PYTHONPATH=$ROOT:$PYTHONPATH
 # STAGE_CHECKS=0 (a call short of device time): the versions only; no kernel or DeepEP check,
 # no antgroup-opt build (the per-block servers then cannot run)
 CHECKS=${STAGE_CHECKS:-1}
+# the antgroup-opt extension an earlier install of this kit built here (run_serve.sh returns it as
+# deep_ep_cpp*.so.gz; carried as .gpukit/antgroup-opt-<kit>.so.gz): no rebuild (~35 s)
+SO=$ROOT/.gpukit/antgroup-opt-$kit.so.gz
+if [ -f "$SO" ] && ! compgen -G "$A/deep_ep_cpp*.so" > /dev/null; then
+  gzip -dc "$SO" > "$A/deep_ep_cpp.cpython-312-x86_64-linux-gnu.so" && at "antgroup-opt extension from $SO"
+fi
 if [ "$CHECKS" = 1 ] && ! compgen -G "$A/deep_ep_cpp*.so" > /dev/null; then  # per-block tree: build it here (~1 min)
   bash benchmarks/serve/build_deepep.sh "$A" > "$L/deepep_build.log" 2>&1 &
   build=$!
@@ -101,8 +116,8 @@ if [ "$CHECKS" = 1 ]; then
   if [ -n "${build:-}" ]; then
     wait "$build" || at "DeepEP antgroup-opt build FAILED: $(tail -3 "$L/deepep_build.log")"
     at "DeepEP antgroup-opt built: $(ls "$A"/deep_ep_cpp*.so 2>/dev/null)"
-    for so in "$A"/deep_ep_cpp*.so; do  # back to the kit (build_kit.sh DEEPEP_SO=...)
-      [ -f "$so" ] && gzip -c "$so" > "$OUT/$(basename "$so").gz"
+    for so in "$A"/deep_ep_cpp*.so; do  # back, to carry next time as .gpukit/antgroup-opt-<kit>.so.gz
+      [ -f "$so" ] && gzip -c "$so" > "$OUT/antgroup-opt-$kit.so.gz"
     done
   fi
   DEEPEP_DISABLE_LL_DISPATCH_OPT=1 PYTHONPATH=$A:$PYTHONPATH python3 benchmarks/serve/deepep_check.py \

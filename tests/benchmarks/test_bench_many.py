@@ -1,0 +1,74 @@
+"""benchmarks/serve/bench_many.py: SGLang 0.5.23's own bench_serving parser takes the flags the
+serve suite passes, once per concurrency in one process; only the run itself is stood in for
+(it needs a server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.serve import bench_many
+
+serving = pytest.importorskip("sglang.benchmark.serving")
+
+FLAGS = ["--backend", "sglang", "--host", "127.0.0.1", "--port", "30000", "--model", "m",
+         "--tokenizer", "m", "--dataset-name", "random-ids", "--random-input-len", "256",
+         "--random-output-len", "64", "--random-range-ratio", "0.5", "--disable-tqdm",
+         "--seed", "1"]
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    seen: list[Any] = []
+
+    def run(args: Any) -> None:
+        seen.append(args)
+        if args.max_concurrency == 16:
+            raise RuntimeError("server gone")
+        print(f"ran at {args.max_concurrency}")
+        with open(args.output_file, "a") as f:
+            f.write(json.dumps({"max_concurrency": args.max_concurrency}) + "\n")
+
+    monkeypatch.setattr(serving, "run_benchmark", run)
+    return seen
+
+
+def test_each_concurrency_runs_in_order_with_its_prompts_and_files(runs: list[Any],
+                                                                    tmp_path: Path) -> None:
+    out = tmp_path / "bench_x"
+    rc = bench_many.main(["--concurrency", "1,64", "--out", str(out), "--", *FLAGS])
+    assert rc == 0
+    assert [(a.max_concurrency, a.num_prompts) for a in runs] == [(1, 8), (64, 256)]
+    assert all(a.port == 30000 and a.dataset_name == "random-ids" and a.random_range_ratio == 0.5
+               for a in runs)
+    for c in (1, 64):
+        assert json.loads(Path(f"{out}_c{c}.jsonl").read_text()) == {"max_concurrency": c}
+        assert Path(f"{out}_c{c}.log").read_text() == f"ran at {c}\n"
+
+
+def test_a_failing_concurrency_is_logged_and_the_rest_still_run(runs: list[Any],
+                                                                tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    assert bench_many.main(["--concurrency", "1,16,64", "--out", str(out), "--", *FLAGS]) == 1
+    assert [a.max_concurrency for a in runs] == [1, 16, 64]
+    assert "RuntimeError: server gone" in Path(f"{out}_c16.log").read_text()
+    assert not Path(f"{out}_c16.jsonl").exists() and Path(f"{out}_c64.jsonl").exists()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--concurrency", "1,x"], "--concurrency '1,x': comma-separated integers"),
+    (["--concurrency", "0"], "--concurrency '0': each at least 1"),
+    (["--concurrency", "1", "--", "--num-prompts", "3"], "['--num-prompts']: set per concurrency"),
+])
+def test_bad_arguments_name_the_flag(argv: list[str], needle: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_many.main([*argv[:2], "--out", str(tmp_path / "b"), *argv[2:]])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_prompts_are_four_per_concurrent_request_at_least_eight() -> None:
+    assert [bench_many.prompts_for(c) for c in (1, 2, 3, 16)] == [8, 8, 12, 64]
