@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 NEAR_TIE = 0.05
+HELD_MIB = 2048  # GPU memory in use before a server starts above this: an earlier one's remains
 BASELINE = {"sgl-deep-ep": "base", "antgroup-opt": "base_ant"}
 
 
@@ -132,6 +133,10 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
         all_ok &= tok_ok and dr_ok
         lines.append(f"| {name} | {r['tree']} | {' '.join(r['flags']) or '-'} | {tok} | "
                      + " | ".join(cells) + f" | {thr_s} | {cap} | {steps} | {dr} | {producer} |")
+    held = [f"{name} ({r['gpu_used_mib_before']} MiB)" for name, r in recs.items()
+            if (r.get("gpu_used_mib_before") or 0) > HELD_MIB]
+    if held:  # its timings share the GPU with what an earlier server left
+        lines.append(f"\nGPU memory already in use when a server started: {', '.join(held)}")
     return "\n".join(lines), all_ok
 
 

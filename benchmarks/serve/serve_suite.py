@@ -19,6 +19,7 @@ records into the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -202,17 +203,26 @@ def plugin_table(url: str) -> dict[str, Any] | None:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group, SIGKILL it after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM the server's process group, then SIGKILL what is left of the group (at once if the
+    server exited, else after 30 s): a scheduler child that outlived its server would busy-poll a
+    core and hold GPU memory through the next server's measurements."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def gpu_used_mib() -> int | None:
+    """GPU memory in use now (nvidia-smi), None where it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+                              "nounits"], capture_output=True, text=True, timeout=30, check=True)
+        return sum(int(x) for x in out.stdout.split())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 class _Done(Exception):
@@ -249,7 +259,8 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
     flags = [*common_flags(args.model, port, args.max_bs), *spec.flags]
     rec: dict[str, Any] = {"name": name, "flags": spec.flags, "plugin": spec.site is not None,
                            "tree": spec.tree, "modes": list(spec.modes),
-                           "planted": spec.planted, "refused_needle": spec.refused}
+                           "planted": spec.planted, "refused_needle": spec.refused,
+                           "gpu_used_mib_before": gpu_used_mib()}
     log_path = out / f"server_{name}.log"
     t0 = time.time()
     with open(log_path, "wb") as log:

@@ -59,6 +59,17 @@ def test_planted_server_passes_only_when_caught() -> None:
     assert not ok and "NOT CAUGHT" in text
 
 
+def test_gpu_memory_left_by_an_earlier_server_is_named() -> None:
+    base = rec("base", ids=[1, 2]) | {"gpu_used_mib_before": 0}
+    plugin = rec("plugin", ids=[1, 2]) | {"gpu_used_mib_before": report.HELD_MIB}
+    text, _ = report.table({"base": base, "plugin": plugin}, [])
+    assert "already in use" not in text  # at the threshold: not named
+    plugin["gpu_used_mib_before"] = report.HELD_MIB + 1
+    text, ok = report.table({"base": base, "plugin": plugin}, [])
+    assert ok and text.endswith(f"GPU memory already in use when a server started: plugin "
+                                f"({report.HELD_MIB + 1} MiB)")
+
+
 def test_metrics_by_label() -> None:
     lines = ['sglang_overlap_steps_total{model_name="/m",phase="decode",mode="sbo",'
              'runner="graph"} 12.0',
@@ -141,3 +152,36 @@ def test_the_suites_flags_parse_as_sglang_reads_them() -> None:
                 args.deepep_mode, args.chunked_prefill_size, args.max_prefill_tokens) == (
             64, 1, "deepep", "low_latency", 256, 256), name
         assert args.disable_prefill_cuda_graph and args.enable_metrics, name
+
+
+def test_stop_leaves_no_child_of_the_server_behind(tmp_path) -> None:
+    """The server exits on SIGTERM, a child that ignores it (as a busy scheduler may) must not
+    outlive it into the next server's measurements."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.serve import serve_suite
+
+    pid_file = tmp_path / "child.pid"
+    child = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)")
+    leader = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, "
+              f"{str(pid_file)!r}]); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", leader], start_new_session=True)
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    t0 = time.time()
+    serve_suite.stop(proc)
+    assert time.time() - t0 < 20 and proc.returncode is not None
+    for _ in range(100):  # reparented and reaped once killed
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"child {pid} outlived its server")
