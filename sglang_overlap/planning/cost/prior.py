@@ -115,7 +115,7 @@ class CostModelPrior:
         label = dict(zip(modes, self._cands[phase], strict=True))
         # an inapplicable mode's estimate is the cost model's price of no overlap (its note says
         # why): the gate explores and measures it like any other candidate
-        result = {label[m]: e.step_us for m, e in pred.estimates.items() if m in label}
+        result = {label[m]: e.step_us for m, e in pred.estimates.items()}
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = result
