@@ -86,7 +86,8 @@ def test_groups_by_workers(capsys: pytest.CaptureFixture[str]) -> None:
     counts = [int(line[0]) for line in lines]
     assert counts == sorted(set(counts), reverse=True), lines  # one run per count, most first
     named = {Path(f).name: int(line[0]) for line in lines for f in line[1:]}
-    assert named["test_deepgemm_signal.py"] == 2 and named["test_signal_down_gemm.py"] == 3
+    # test_signal_down_gemm.py: gpu_mem(28) (26.7 GiB measured on an H100): 2 workers of 29 GiB
+    assert named["test_deepgemm_signal.py"] == 2 and named["test_signal_down_gemm.py"] == 2
     assert named["test_gate_timing_gpu.py"] == 1 and named["test_engine_gpu.py"] == 8
     assert "test_sbo_layer.py" not in named and "test_deepep_kernels.py" not in named
     gpu_files = {f.name for f in here.glob("test_*.py") if memory.is_gpu_file(f)}
