@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,9 @@ OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 """Either set to 1 (as huggingface_hub and transformers read them): nothing is downloaded."""
 POINT_AT_LOCAL = f"point --model-path at a local folder holding its {CONFIG}"
 DOWNLOAD_TIMEOUT_S = 10.0
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+"""Any set: the Hub is reached through a proxy, so only a download can tell whether it answers."""
+CONNECT_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -124,15 +130,39 @@ def _download_problem(exc: Exception, model_path: str, revision: str | None) -> 
     return f"{head} ({type(exc).__name__}: {first})"
 
 
+def hub_unreachable(endpoint: str, environ: Mapping[str, str],
+                    timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why a TCP connection to `endpoint`'s host fails now (its OSError's name), or None: it
+    connects, or a proxy is set (`PROXY_ENV`) and only a download through it can tell.
+    huggingface_hub retries an unreachable Hub for ~23 s before it gives up; this answers in
+    at most `timeout_s` seconds."""
+    if any(environ.get(k) for k in PROXY_ENV):
+        return None
+    url = urllib.parse.urlsplit(endpoint)
+    if not url.hostname:
+        return None
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+            return None
+    except ValueError:  # a port that is not a number: the download names that
+        return None
+    except OSError as exc:
+        return type(exc).__name__
+
+
 def _download(model_path: str, revision: str | None) -> tuple[dict[str, Any] | None, str]:
     """(config, where) downloaded from the Hub, or (None, why not)."""
     offline = _offline()
     if offline is not None:
         return None, f"its {CONFIG} could not be downloaded (offline: {offline} is set)"
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
     except ImportError:
         return None, f"its {CONFIG} could not be downloaded (huggingface_hub is not installed)"
+    if hub_unreachable(constants.ENDPOINT, os.environ) is not None:
+        return None, f"its {CONFIG} could not be downloaded (offline: the Hugging Face Hub " \
+                     "cannot be reached)"
     try:
         path = hf_hub_download(model_path, CONFIG, revision=revision,
                                etag_timeout=DOWNLOAD_TIMEOUT_S)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +257,47 @@ def test_a_failed_download_says_why(hub: str, tmp_path: Path, endpoint: str | No
     assert (f"model org/missing: not checked: its config.json could not be downloaded {problem}; "
             f"{POINT}") in done.stdout.splitlines(), done.stdout
     assert done.stdout.endswith("NOT READY for these flags\n")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_hub_is_told_by_one_connection_attempt() -> None:
+    """huggingface_hub retries an unreachable Hub for ~23 s; `check` tries one connection."""
+    from sglang_overlap.cli.check_model import hub_unreachable
+
+    port = _closed_port()
+    t0 = time.monotonic()
+    assert hub_unreachable(f"http://127.0.0.1:{port}", {}) == "ConnectionRefusedError"
+    assert time.monotonic() - t0 < 2
+    with socket.socket() as s:  # a host that answers
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert hub_unreachable(f"http://127.0.0.1:{s.getsockname()[1]}", {}) is None
+    # behind a proxy only a download can tell; no host or a bad port: the download names it
+    assert hub_unreachable(f"http://127.0.0.1:{port}", {"https_proxy": "http://p:3128"}) is None
+    assert hub_unreachable(f"http://127.0.0.1:{port}", {"HTTPS_PROXY": ""}) == \
+        "ConnectionRefusedError"
+    assert hub_unreachable("not a url", {}) is None
+    assert hub_unreachable("http://127.0.0.1:x/", {}) is None
+
+
+def test_an_unreachable_hub_is_not_downloaded_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from sglang_overlap.cli import check_model
+
+    def download(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a download was tried (its retries take ~23 s)")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    for k in (*check_model.PROXY_ENV, *check_model.OFFLINE_ENV):
+        monkeypatch.delenv(k, raising=False)
+    assert check_model._download("org/missing", None) == (
+        None, "its config.json could not be downloaded (offline: the Hugging Face Hub cannot be "
+              "reached)")
