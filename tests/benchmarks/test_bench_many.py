@@ -72,3 +72,60 @@ def test_bad_arguments_name_the_flag(argv: list[str], needle: str, tmp_path: Pat
 
 def test_prompts_are_four_per_concurrent_request_at_least_eight() -> None:
     assert [bench_many.prompts_for(c) for c in (1, 2, 3, 16)] == [8, 8, 12, 64]
+
+
+def test_the_serve_suite_reads_each_concurrencys_fresh_record(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """serve_suite.bench runs bench_many.py once with the suite's flags and reads the record of
+    this run per concurrency; one left by an earlier call never stands in for a missing one."""
+    import subprocess
+    import sys
+
+    from benchmarks.serve import serve_suite
+
+    out = tmp_path / "bench_sbo"
+    Path(f"{out}_c16.jsonl").write_text(json.dumps({"median_itl_ms": 99.0}) + "\n")  # stale
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> Any:
+        calls.append(cmd)
+        assert not Path(f"{out}_c16.jsonl").exists()  # removed before the run
+        Path(f"{out}_c1.jsonl").write_text(json.dumps({"median_itl_ms": 2.5, "extra": 1}) + "\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(serve_suite.subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="concurrency 16 wrote no record"):
+        serve_suite.bench(30000, "/m", [1, 16], out)
+    (cmd,) = calls
+    assert cmd[:2] == [sys.executable, str(Path(serve_suite.__file__).with_name("bench_many.py"))]
+    assert cmd[2:7] == ["--concurrency", "1,16", "--out", str(out), "--"]
+    args = bench_many_args(cmd[7:])
+    assert (args.port, args.model, args.dataset_name) == (30000, "/m", "random-ids")
+
+    def run_all(cmd: list[str], **kwargs: Any) -> Any:
+        for c in (1, 16):
+            Path(f"{out}_c{c}.jsonl").write_text(json.dumps({"median_itl_ms": float(c)}) + "\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(serve_suite.subprocess, "run", run_all)
+    got = serve_suite.bench(30000, "/m", [1, 16], out)
+    assert got["1"]["median_itl_ms"] == 1.0 and got["16"]["median_itl_ms"] == 16.0
+    assert "extra" not in got["1"] and set(got) == {"1", "16"}
+
+
+def bench_many_args(flags: list[str]) -> Any:
+    """The flags as SGLang 0.5.23's bench_serving parser reads them (its run stood in for)."""
+    seen: list[Any] = []
+    saved = serving.run_benchmark
+    serving.run_benchmark = seen.append
+    try:
+        import sys
+        argv, sys.argv = sys.argv, ["x", *flags, "--max-concurrency", "1", "--num-prompts", "8"]
+        try:
+            serving.cli_main()
+        finally:
+            sys.argv = argv
+    finally:
+        serving.run_benchmark = saved
+    return seen[0]
