@@ -30,6 +30,9 @@ DOWNLOAD_TIMEOUT_S = 10.0
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 """Any set: the Hub is reached through a proxy, so only a download can tell whether it answers."""
 CONNECT_TIMEOUT_S = 3.0
+NOT_DOWNLOADED = f"its {CONFIG} could not be downloaded"
+UNREACHABLE = f"{NOT_DOWNLOADED} (offline: the Hugging Face Hub cannot be reached)"
+"""Said alike whether one connection attempt or huggingface_hub's own retries found it out."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def _offline() -> str | None:
 def _download_problem(exc: Exception, model_path: str, revision: str | None) -> str:
     from huggingface_hub import errors
 
-    head = f"its {CONFIG} could not be downloaded"
+    head = NOT_DOWNLOADED
     if isinstance(exc, errors.GatedRepoError):
         return f"{head} (gated repository: accept its terms on huggingface.co and log in)"
     if isinstance(exc, errors.RepositoryNotFoundError):
@@ -125,7 +128,7 @@ def _download_problem(exc: Exception, model_path: str, revision: str | None) -> 
     if isinstance(exc, errors.HFValidationError):
         return f"not a local folder, and not a Hugging Face repository id ({model_path!r})"
     if isinstance(exc, errors.OfflineModeIsEnabled | errors.LocalEntryNotFoundError):
-        return f"{head} (offline: the Hugging Face Hub cannot be reached)"
+        return UNREACHABLE
     first = str(exc).splitlines()[0] if str(exc) else ""
     return f"{head} ({type(exc).__name__}: {first})"
 
@@ -155,14 +158,13 @@ def _download(model_path: str, revision: str | None) -> tuple[dict[str, Any] | N
     """(config, where) downloaded from the Hub, or (None, why not)."""
     offline = _offline()
     if offline is not None:
-        return None, f"its {CONFIG} could not be downloaded (offline: {offline} is set)"
+        return None, f"{NOT_DOWNLOADED} (offline: {offline} is set)"
     try:
         from huggingface_hub import constants, hf_hub_download
     except ImportError:
-        return None, f"its {CONFIG} could not be downloaded (huggingface_hub is not installed)"
+        return None, f"{NOT_DOWNLOADED} (huggingface_hub is not installed)"
     if hub_unreachable(constants.ENDPOINT, os.environ) is not None:
-        return None, f"its {CONFIG} could not be downloaded (offline: the Hugging Face Hub " \
-                     "cannot be reached)"
+        return None, UNREACHABLE
     try:
         path = hf_hub_download(model_path, CONFIG, revision=revision,
                                etag_timeout=DOWNLOAD_TIMEOUT_S)
