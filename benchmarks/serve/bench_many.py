@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if not levels or min(levels) < 1:
         ap.error(f"--concurrency {a.concurrency!r}: each at least 1")
     rest = a.bench_args[1:] if a.bench_args[:1] == ["--"] else a.bench_args
-    owned = {"--max-concurrency", "--num-prompts", "--output-file"} & set(rest)
+    # `--num-prompts 3` and `--num-prompts=3` alike
+    owned = {"--max-concurrency", "--num-prompts", "--output-file"} & {
+        arg.split("=", 1)[0] for arg in rest}
     if owned:
         ap.error(f"{sorted(owned)}: set per concurrency by bench_many.py")
     from sglang.benchmark import serving

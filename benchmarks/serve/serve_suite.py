@@ -159,8 +159,9 @@ def generate(url: str, texts: list[str]) -> list[dict[str, Any]]:
 
 def bench(port: int, model: str, levels: list[int], out: Path) -> dict[str, Any]:
     """SGLang's bench_serving at each concurrency, one process for all (bench_many.py): random
-    token ids (input 128-256, output 64), 4 x concurrency prompts (at least 8). Per concurrency
-    its record, or {"error": ...} naming the log."""
+    token ids (input 128-256, output 64), 4 x concurrency prompts (at least 8). Returns
+    {str(concurrency): record}; raises RuntimeError naming the concurrency's log where
+    bench_serving wrote no record."""
     cmd = [sys.executable, str(Path(__file__).with_name("bench_many.py")),
            "--concurrency", ",".join(map(str, levels)), "--out", str(out), "--",
            "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port), "--model", model,

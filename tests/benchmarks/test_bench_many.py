@@ -62,6 +62,8 @@ def test_a_failing_concurrency_is_logged_and_the_rest_still_run(runs: list[Any],
     (["--concurrency", "1,x"], "--concurrency '1,x': comma-separated integers"),
     (["--concurrency", "0"], "--concurrency '0': each at least 1"),
     (["--concurrency", "1", "--", "--num-prompts", "3"], "['--num-prompts']: set per concurrency"),
+    (["--concurrency", "1", "--", "--output-file=x.jsonl"],
+     "['--output-file']: set per concurrency"),
 ])
 def test_bad_arguments_name_the_flag(argv: list[str], needle: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
