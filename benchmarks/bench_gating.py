@@ -18,7 +18,8 @@ the table prints the CPU time it used meanwhile); phase 2 none against auto_wron
 first). Then every server answers the same
 greedy prompts (tokens must equal none's), and the auto servers' logs give each TP rank's
 decision sequence (must be identical). Prints one table: throughput / TTFT / ITL per server, each
-one's ratio to the best fixed mode with its 95% CI, and the steps each gate ran per mode.
+one's ratio to the best fixed mode with its 95% CI, and the steps each gate ran per mode. The e2e
+test (tests/e2e/test_gating.py) runs it without the fixed modes (`run(fixed=False)`).
 
     SGLANG_CPU_KIT=/tmp/sglang-cpu-kit16 .venv/bin/python benchmarks/bench_gating.py [--json F]
 
@@ -121,14 +122,17 @@ def _greedy(server: Any) -> list[list[int]]:
 def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., Any],
         args: argparse.Namespace, port: int = 30460,
         lock: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-        graphs: bool = False, phase2_none: bool = True) -> Run:
+        graphs: bool = False, fixed: bool = True) -> Run:
     """Both phases; `server_cls` is tests/e2e/servers.py's Server (name, model, port, flags,
-    env, log_dir); `graphs`: decode through captured graphs (`configs`); `phase2_none=False`:
-    phase 2 measures auto_wrong alone (its ratio is then against phase 1's none rounds, not
-    paired in time: the e2e test's CI time; nothing it asserts is a ratio)."""
+    env, log_dir); `graphs`: decode through captured graphs (`configs`). `fixed=False` (the
+    e2e test, which asserts no ratio: CI time): the fixed modes are not measured, tbo is not
+    started and none only answers the greedy prompts; phase 1 measures auto alone, phase 2
+    auto_wrong alone (the table then has no ratios)."""
     wrong = work / "profile-tbo-wins.json"
     wrong.write_text(json.dumps(WRONG_PRIOR))
     flags = configs(wrong, graphs)
+    if not fixed:
+        del flags["tbo"]
     env = {**env, **(GRAPH_ENV if graphs else {}), "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))])])}
     out = Run()
@@ -152,14 +156,15 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
         # none and auto side by side in every round (forward, then backward: none auto tbo,
         # tbo auto none): the ratio that decides the target pairs runs close in time
         idle, start = servers["auto_wrong"].cpu_seconds(), time.monotonic()
-        out.phases.append(measure(["none", "auto", "tbo"]))
+        out.phases.append(measure(["none", "auto", "tbo"] if fixed else ["auto"]))
         out.idle_cpu_s = servers["auto_wrong"].cpu_seconds() - idle
         out.phase1_s = time.monotonic() - start
-        for name in ("none", "tbo", "auto"):
+        for name in ("none", "tbo", "auto") if fixed else ("none", "auto"):
             out.tokens[name] = _greedy(servers[name])
-        servers["tbo"].__exit__(None, None, None)
-        out.logs["tbo"] = servers.pop("tbo").log_text()
-        out.phases.append(measure(["none", "auto_wrong"] if phase2_none else ["auto_wrong"]))
+        if fixed:
+            servers["tbo"].__exit__(None, None, None)
+            out.logs["tbo"] = servers.pop("tbo").log_text()
+        out.phases.append(measure(["none", "auto_wrong"] if fixed else ["auto_wrong"]))
         out.tokens["auto_wrong"] = _greedy(servers["auto_wrong"])
         for server in servers.values():  # the three stop side by side (each sleeps 5 s)
             server.stop_in_background()
@@ -170,25 +175,28 @@ def run(model: Path, env: dict[str, str], work: Path, server_cls: Callable[..., 
 
 
 def report(r: Run) -> tuple[str, dict[str, Any]]:
-    """The table, and the same numbers as a dict."""
-    none, tbo = r.target("none"), r.target("tbo")
+    """The table, and the same numbers as a dict. With the fixed modes measured (`run(fixed=
+    True)`), each server's ratio to the best fixed mode (phase 2: to its own none rounds);
+    without them, throughput, TTFT and ITL alone."""
+    labels = {t.label for t in r.phases[0]}
+    fixed = {"none", "tbo"} <= labels
     tput = {t.label: [x["output_throughput"] for x in t.rounds] for t in r.phases[0]}
-    best_fixed = max(("none", "tbo"), key=lambda k: sum(tput[k]))
+    best_fixed = max(("none", "tbo"), key=lambda k: sum(tput[k])) if fixed else None
     rows: list[tuple[str, dict[str, Any], str]] = []
     data: dict[str, Any] = {"best_fixed": best_fixed, "servers": {}}
     for phase in r.phases:
         ref = next((t for t in phase if t.label == (best_fixed if phase is r.phases[0]
-                                                    else "none")), none)
+                                                    else "none")), None)
         for t in phase:
             if t is not ref and t.label == "none":
                 continue
-            here = any(x is ref for x in phase)  # else phase 1's none (phase2_none=False)
-            entry: dict[str, Any] = {"vs": ref.label if here else f"{ref.label} (ph. 1)"}
+            entry: dict[str, Any] = {"vs": ref.label if ref else "-"}
             for key in ("output_throughput", "mean_ttft_ms", "mean_itl_ms"):
                 series = [x[key] for x in t.rounds]
-                ratio = paired_ratio(series, [x[key] for x in ref.rounds])
                 entry[key] = sum(series) / len(series)
-                entry[f"{key}_ratio"] = [ratio.ratio, ratio.low, ratio.high]
+                if ref:
+                    ratio = paired_ratio(series, [x[key] for x in ref.rounds])
+                    entry[f"{key}_ratio"] = [ratio.ratio, ratio.low, ratio.high]
             entry["rounds"] = {key: [x[key] for x in t.rounds] for key in (
                 "output_throughput", "mean_ttft_ms", "mean_itl_ms")}
             entry["gate"] = (t.gate or {}).get("chosen")
@@ -197,15 +205,18 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
             data["servers"][label] = entry
             rows.append((label, entry, paired_ratio(
                 [x["output_throughput"] for x in t.rounds],
-                [x["output_throughput"] for x in ref.rounds]).text()))
+                [x["output_throughput"] for x in ref.rounds]).text() if ref else "-"))
     lines = [f"{'server':<14} {'out tok/s':>9} {'TTFT ms':>8} {'ITL ms':>7}  "
              f"{'throughput vs':<14} {'ratio [95% CI]':<24} steps per mode (gate)"]
     for label, e, text in rows:
         lines.append(f"{label:<14} {e['output_throughput']:9.2f} {e['mean_ttft_ms']:8.1f} "
                      f"{e['mean_itl_ms']:7.1f}  {e['vs']:<14} {text:<24} {e['gate'] or '-'}")
-    tbo_vs_none = paired_ratio([x["output_throughput"] for x in tbo.rounds],
-                               [x["output_throughput"] for x in none.rounds])
-    lines.append(f"fixed TBO vs none: {tbo_vs_none.text()}; best fixed mode: {best_fixed}")
+    if fixed:
+        tbo_vs_none = paired_ratio(tput["tbo"], tput["none"])
+        lines.append(f"fixed TBO vs none: {tbo_vs_none.text()}; best fixed mode: {best_fixed}")
+        data["tbo_vs_none"] = [tbo_vs_none.ratio, tbo_vs_none.low, tbo_vs_none.high]
+    else:
+        lines.append("fixed modes not measured (no ratios): benchmarks/bench_gating.py has them")
     lines.append(f"idle auto_wrong during phase 1: {r.idle_cpu_s:.1f} CPU-s in "
                  f"{r.phase1_s:.0f} s")
     data["idle_cpu_s"], data["phase1_s"] = r.idle_cpu_s, r.phase1_s
@@ -226,7 +237,6 @@ def report(r: Run) -> tuple[str, dict[str, Any]]:
             data["servers"].setdefault(name, {})["captures"] = captures
             lines.append(f"{name} decode graph capture per rank: " + ", ".join(
                 f"{n} graphs in {s:.1f} s" for n, s in captures))
-    data["tbo_vs_none"] = [tbo_vs_none.ratio, tbo_vs_none.low, tbo_vs_none.high]
     return "\n".join(lines), data
 
 
