@@ -98,10 +98,16 @@ def test_the_two_commands_for_a_fresh_machine_come_first() -> None:
     assert install[:2] == ["pip", "install"] and install[2].endswith(".whl[sglang]")
     (quick_serve,) = _commands(_section("Quick start"), "sglang serve")
     assert serve == quick_serve
-    venv, dev_install, pytest = (shlex.split(part) for part in test_line.split("&&"))
+    venv, dev_install, unit, e2e = (shlex.split(part) for part in test_line.split("&&"))
     assert venv == ["python3", "-m", "venv", ".venv"]
     assert dev_install == [".venv/bin/pip", "install", "-e", ".[sglang,test]"]
-    assert pytest == [".venv/bin/python", "-m", "pytest", "-q"]
+    # the unit tests on two workers, then the servers one at a time: together every test
+    assert unit == [".venv/bin/python", "-m", "pytest", "-q", "-n", "2", "-m", "not e2e"]
+    assert e2e == [".venv/bin/python", "-m", "pytest", "-q", "-m", "e2e"]
+    # CI runs the same two (adding --durations)
+    ci = [shlex.split(line) for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.startswith(".venv/bin/python -m pytest")]
+    assert [cmd[:len(want)] for cmd, want in zip(ci, (unit, e2e), strict=True)] == [unit, e2e]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert {"sglang", "test"} <= set(extras)
