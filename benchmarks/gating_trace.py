@@ -35,6 +35,20 @@ FIXED = ("none", "tbo", "sbo")
 Replay = Callable[[str, int], tuple[Any, Any]]
 
 
+class FakeEvent:
+    """An event with CUDA's `query` / `elapsed_time` (ms) interface on a fake clock in us
+    (`done`: what `query` answers)."""
+
+    def __init__(self, t: float, done: bool = True) -> None:
+        self.t, self.done = t, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.t - self.t) / 1e3
+
+
 def decode_trace(steps: int, max_bs: int, *, seed: int = 0, mean_len: int = 96,
                  period: int = 1500, low: int = 1) -> list[int]:
     """`steps` decode batch sizes in [1, max_bs]. The arrival rate targets a load that swings
@@ -166,5 +180,5 @@ def summarize(totals: Mapping[str, Sequence[float]]) -> dict[str, Any]:
             "mean": {p: sum(s) / len(s) for p, s in totals.items()}}
 
 
-__all__ = ["FIXED", "PassResult", "available", "decode_trace", "explore_cost_us", "new_runtime",
-           "oracle_us", "padded_size", "run_policy", "summarize"]
+__all__ = ["FIXED", "FakeEvent", "PassResult", "available", "decode_trace", "explore_cost_us",
+           "new_runtime", "oracle_us", "padded_size", "run_policy", "summarize"]

@@ -26,29 +26,16 @@ def cost(mode: str, bs: int) -> float:
     return base
 
 
-class Ev:
-    """An event with CUDA's `query` / `elapsed_time` (ms) on a fake clock in us."""
-
-    def __init__(self, t: float, done: bool = True) -> None:
-        self.t, self.done = t, done
-
-    def query(self) -> bool:
-        return self.done
-
-    def elapsed_time(self, end: Ev) -> float:
-        return (end.t - self.t) / 1e3
-
-
 def replayer(done: bool = True):
     clock = [0.0]
     calls: list[tuple[str, int]] = []
 
-    def replay(mode: str, bs: int) -> tuple[Ev, Ev]:
+    def replay(mode: str, bs: int) -> tuple[gt.FakeEvent, gt.FakeEvent]:
         assert (mode, bs) in GRAPHS, f"{mode=} {bs=} has no graph"
         calls.append((mode, bs))
-        start = Ev(clock[0], done)
+        start = gt.FakeEvent(clock[0], done)
         clock[0] += cost(mode, bs)
-        return start, Ev(clock[0], done)
+        return start, gt.FakeEvent(clock[0], done)
 
     return replay, calls
 
