@@ -70,7 +70,7 @@ export SERVE_SITE_PLUGIN=$G/plugin SERVE_SITE_PLANTED=$G/planted SERVE_SITE_PROB
 D=$(( T0 + ${DEADLINE_S:-560} ))
 timeout -s INT $(( D - $(date +%s) )) python3 benchmarks/serve/serve_suite.py \
   --model "$MODEL" --out "$W" \
-  --servers "${SERVERS:-base,plugin,sbo_expert,auto,auto_planted,sbo_block,tbo_one_rank}" \
+  --servers "${SERVERS:-base,plugin,base_again,plugin_again,sbo_expert,auto,auto_planted,sbo_block,tbo_one_rank}" \
   --concurrency "${CONCURRENCY:-1,16,64}" --deadline "$D" --min-left "${SERVE_MIN_LEFT:-100}"
 rc=$?
 pkill -9 -f "sglang.cli.main" 2>/dev/null; pkill -9 -f "sglang::" 2>/dev/null

@@ -54,6 +54,11 @@ ONE_RANK_TBO = "needs the experts on 2 or more ranks (--tp 2 or more, got --tp 1
 SERVERS: dict[str, ServerSpec] = {
     "base": ServerSpec(site=None),
     "plugin": ServerSpec(),
+    # the same two again, after them: their c=1 ITL against the first pair's says how much of
+    # the plugin's 1.39x / 1.56x at c=1 (two H100 runs, 2026-12-07) is the plugin and how much
+    # one server's start-to-start spread (SBO per expert measured 1.225x, then 1.003x)
+    "base_again": ServerSpec(site=None),
+    "plugin_again": ServerSpec(),
     "sbo_expert": ServerSpec(SBO),
     "sbo_block": ServerSpec(SBO, tree="antgroup-opt", env=ANT_ENV),
     "auto": ServerSpec(AUTO_SBO, modes=("sbo", "none")),
@@ -303,8 +308,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--servers", default="base,sbo_expert,auto,auto_planted,plugin,sbo_block,"
-                    "tbo_one_rank")
+    ap.add_argument("--servers", default="base,plugin,base_again,plugin_again,sbo_expert,auto,"
+                    "auto_planted,sbo_block,tbo_one_rank")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--max-bs", type=int, default=64)
     ap.add_argument("--start-timeout", type=float, default=420)
