@@ -231,6 +231,30 @@ def gpu_used_mib() -> int | None:
         return None
 
 
+GPU_STATE = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw",
+             "clocks_event_reasons.active")
+
+
+def gpu_state() -> dict[str, str] | None:
+    """The SM and memory clocks (MHz), temperature (C), power (W) and active clock-event
+    (throttle) reasons now, by nvidia-smi (first GPU), one query per field so that a field this
+    driver does not know leaves the others; None where none answers. Taken around each server's
+    bench_serving: a server measured on a hotter or slower-clocked card than its baseline shows
+    it here."""
+    state: dict[str, str] = {}
+    for name in GPU_STATE:
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={name}",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        lines = out.stdout.strip().splitlines()
+        if lines:
+            state[name] = lines[0].strip()
+    return state or None
+
+
 class _Done(Exception):
     """A refused server's record is complete."""
 
@@ -280,7 +304,9 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         rec["ready_s"] = wait_ready(url, proc, args.start_timeout)
         rec["tokens_batch"] = generate(url, BATCH)
         rec["tokens_single"] = [row for p in PROMPTS for row in generate(url, [p])]
+        rec["gpu_before_bench"] = gpu_state()
         rec["bench"] = bench(port, args.model, args.concurrency, out / f"bench_{name}")
+        rec["gpu_after_bench"] = gpu_state()
         time.sleep(1)
         rec["metrics"] = [line for line in str(http(f"{url}/metrics")).splitlines()
                           if line.startswith(("sglang_overlap", "sglang:num_requests_total",
