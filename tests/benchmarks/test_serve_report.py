@@ -188,14 +188,15 @@ def test_stop_leaves_no_child_of_the_server_behind(tmp_path) -> None:
 
 
 def test_gpu_state_reads_each_field_and_keeps_those_the_driver_knows(tmp_path, monkeypatch) -> None:
-    """nvidia-smi answers per field; a field it refuses (an older driver) is left out, the rest
-    kept; no nvidia-smi at all gives None."""
+    """nvidia-smi answers per field; a field it refuses (an older driver) or answers with nothing
+    is left out, the rest kept; no nvidia-smi at all gives None."""
     from benchmarks.serve import serve_suite
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\ncase \"$1\" in\n"
-                    "  --query-gpu=clocks.sm) echo '1980'; echo '1755' ;;\n"
+                    "  --query-gpu=clocks.sm) echo '1980 '; echo '1755' ;;\n"
                     "  --query-gpu=temperature.gpu) echo ' 61 ' ;;\n"
+                    "  --query-gpu=clocks.mem) ;;\n"
                     "  *) echo 'Field is not a valid field to query.' >&2; exit 2 ;;\nesac\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
