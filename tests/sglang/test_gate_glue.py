@@ -344,6 +344,7 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     assert rt.selector.table.count(cell) == 0 and rt.local.count(cell) == 1
     rt.tick()  # the 4th call syncs (no process group here: this rank's sums are the sums)
     assert rt.selector.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
+    assert (rt.selector.table.totals[cell], rt.selector.table.squares[cell]) == (1500, 1500**2)
     rt.tick(), rt.tick(), rt.tick(), rt.tick()  # nothing new: the merge adds nothing
     assert rt.selector.table.count(cell) == 1 and rt.selector.table.mean(cell) == 1500.0
     result = SimpleNamespace(internal_state={"x": 1})
