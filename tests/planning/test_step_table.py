@@ -88,7 +88,7 @@ def test_mean_count_cap_and_clear() -> None:
     with pytest.raises(ValueError, match="max_count"):
         t.cap(0)
     t.clear()
-    assert t.empty()
+    assert t.empty() and not any(t.squares) and not any(t.totals)
 
 
 def test_rows_and_format() -> None:
@@ -172,6 +172,14 @@ def test_cap_keeps_the_mean_and_the_per_step_variance() -> None:
     t.cap(2)
     assert (t.count(c), t.totals[c], t.squares[c]) == (2, 500, 170000)
     assert t.mean(c) == 250.0 and t.spread(c) == 150.0
+
+
+def test_spread_of_sums_that_no_steps_give_is_zero_not_an_error() -> None:
+    """Integer floors (a cap) can leave n x squares a hair below total^2; the spread is then 0."""
+    t = StepTable()
+    c = cell_index("decode", 4, "tbo")
+    t.add_cells([(c, 2, 3, 4)])  # 2 x 4 - 3^2 = -1
+    assert t.spread(c) == 0.0
 
 
 @pytest.mark.parametrize("seed", range(4))
