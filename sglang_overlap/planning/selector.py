@@ -15,7 +15,7 @@ so is measured further. Only the current mode's error counts: a challenger's is 
 switching to it, which measures it.
 Spikes: a measured step is clipped at `clip` x its cell's mean before it enters a table
 (`clip`, called by the runtime that times the steps), so one host hiccup measured at 4x counts
-as 1.5x. Both measured on synthetic noise: benchmarks/results/gate_noise.md.
+as 1.5x.
 Plain Python; mypy --strict.
 """
 

@@ -7,8 +7,8 @@ can exchange measurements as integers: (cell, count, total, squares) cells (`tak
 with the same table, bit for bit.
 Each cell holds a count, a total in microseconds and a sum of squares in us^2 (each step rounded
 to a whole us first), so a cell knows the spread of its steps as well as their mean
-(`spread`). One step of 100 s adds 10^16 to its cell's squares: a sum of many steps stays far
-inside the int64 that the all-reduce carries.
+(`spread`). A step of 100 s adds 10^16 us^2 to its cell's squares: what one share carries
+(16 such steps on 8 ranks: 1.3 x 10^18) stays inside the int64 the all-reduce sums in.
 
 Buckets: `measure_bucket(tokens)` is exact below 4 tokens, then 4 buckets per power of two
 (each at most 25% wide), 96 buckets in all; the last one (from 7 x 2^22 tokens) takes everything
