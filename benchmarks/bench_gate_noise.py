@@ -13,9 +13,14 @@ Per scenario, over seeds: auto's share of TBO-eligible steps run as TBO (the slo
 factor > 1, the faster when < 1), and auto's total time against the best fixed mode's (> 1:
 slower). Ideal: 0 % TBO when factor > 1, 100 % when < 1, after a few measured steps.
 
+Two rules on the same seeds and traces (`RULES`): "old", the selector on its means alone
+(`SelectorConfig(confidence=0, clip=0)`: the rule before 2026-12-07), and "new", the defaults
+(each step clipped at 1.5x its cell's mean; the current mode left only for a lead of at least
+2 standard errors).
+
     .venv/bin/python benchmarks/bench_gate_noise.py [--seeds 20] [--steps 300 3000] [--json F]
 
-No GPU and no SGLang needed (pure Python, ~1 min).
+No GPU and no SGLang needed (pure Python, ~2 min for both rules).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks import gating_trace as gt  # noqa: E402
 from sglang_overlap.modes import Mode  # noqa: E402
+from sglang_overlap.planning.selector import SelectorConfig  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16)
 GRAPHS = frozenset({("none", b) for b in SIZES} | {("tbo", b) for b in SIZES if b >= 2})
@@ -55,6 +61,7 @@ class Scenario:
         return f"tbo x{self.factor:.2f}, noise {self.sd:.0%}, spikes {spikes}"
 
 
+RULES = {"old": SelectorConfig(confidence=0.0, clip=0.0), "new": SelectorConfig()}
 SCENARIOS = [Scenario(f, sd, rate) for f in (1.2, 1 / 1.2) for sd, rate in
              ((0.0, 0.0), (0.0, 0.03), (0.1, 0.0), (0.1, 0.03), (0.25, 0.0), (0.25, 0.03))]
 
@@ -80,12 +87,13 @@ def noisy_replayer(scenario: Scenario, seed: int) -> gt.Replay:
     return replay
 
 
-def one_pass(scenario: Scenario, steps: int, seed: int) -> dict[str, float]:
+def one_pass(scenario: Scenario, steps: int, seed: int,
+             config: SelectorConfig | None = None) -> dict[str, float]:
     """auto's share of TBO-eligible steps run as TBO, and its true total over the best fixed
-    mode's (both on this seed's trace)."""
+    mode's (both on this seed's trace), under the selector's `config` (None: the defaults)."""
     trace = gt.decode_trace(steps, max(SIZES), seed=seed, mean_len=32, period=200)
     res = gt.run_policy("auto", trace, SIZES, GRAPHS, noisy_replayer(scenario, seed),
-                        gt.new_runtime(frozenset({Mode.TBO})))
+                        gt.new_runtime(frozenset({Mode.TBO}), config))
     eligible = [m for m, bs, p in zip(res.modes, trace, res.padded, strict=True)
                 if Mode.TBO in gt.available(bs, p, GRAPHS)]
     auto = sum(true_us(m, p, scenario.factor) for m, p in zip(res.modes, res.padded, strict=True))
@@ -98,26 +106,47 @@ def one_pass(scenario: Scenario, steps: int, seed: int) -> dict[str, float]:
 
 
 def run(seeds: int, steps: list[int]) -> list[dict[str, Any]]:
+    """One row per (steps, scenario, rule), every rule on the same seeds."""
     rows = []
     for n in steps:
         for sc in SCENARIOS:
-            passes = [one_pass(sc, n, seed) for seed in range(seeds)]
-            shares = sorted(p["tbo_share"] for p in passes)
-            rows.append({"steps": n, "scenario": sc.label(), "factor": sc.factor, "sd": sc.sd,
-                         "rate": sc.rate, "outlier": sc.outlier,
-                         "tbo_share_mean": statistics.mean(shares),
-                         "tbo_share_p90": shares[min(len(shares) - 1, int(0.9 * len(shares)))],
-                         "vs_best_fixed": statistics.mean(p["vs_best_fixed"] for p in passes)})
+            for rule, config in RULES.items():
+                passes = [one_pass(sc, n, seed, config) for seed in range(seeds)]
+                shares = sorted(p["tbo_share"] for p in passes)
+                rows.append({"steps": n, "scenario": sc.label(), "rule": rule,
+                             "factor": sc.factor, "sd": sc.sd, "rate": sc.rate,
+                             "outlier": sc.outlier, "seeds": seeds,
+                             "tbo_share_mean": statistics.mean(shares),
+                             "tbo_share_p90": shares[min(len(shares) - 1,
+                                                         int(0.9 * len(shares)))],
+                             "vs_best_fixed": statistics.mean(p["vs_best_fixed"]
+                                                              for p in passes)})
     return rows
 
 
+def wrong(row: dict[str, Any]) -> float:
+    """The share of a row's TBO-eligible steps run in the slower mode."""
+    share = float(row["tbo_share_mean"])
+    return share if row["factor"] > 1 else 1.0 - share
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'steps':>5}  {'scenario':<40} {'TBO share':>9} {'p90':>6} {'ideal':>6} "
-             f"{'time vs best fixed':>18}"]
-    for r in rows:
-        ideal = "0%" if r["factor"] > 1 else "100%"
-        lines.append(f"{r['steps']:>5}  {r['scenario']:<40} {r['tbo_share_mean']:>9.1%} "
-                     f"{r['tbo_share_p90']:>6.1%} {ideal:>6} {r['vs_best_fixed']:>17.3f}x")
+    """Old and new rule side by side per scenario; `wrong` = the share of TBO-eligible steps
+    run in the slower mode (TBO share when TBO is slower, 1 - it when faster), new / old."""
+    by = {(r["steps"], r["scenario"], r["rule"]): r for r in rows}
+    lines = [f"{'steps':>5}  {'scenario':<36} {'TBO share old':>13} {'new':>6} "
+             f"{'p90 old':>7} {'new':>6} {'ideal':>5} {'wrong new/old':>13} "
+             f"{'time vs best fixed old':>22} {'new':>6}"]
+    for (steps, scenario, rule), old in by.items():
+        if rule != "old":
+            continue
+        new = by[steps, scenario, "new"]
+        slow = old["factor"] > 1
+        ratio = f"{wrong(new) / wrong(old):.2f}" if wrong(old) > 0 else "-"
+        lines.append(f"{steps:>5}  {scenario:<36} {old['tbo_share_mean']:>13.1%} "
+                     f"{new['tbo_share_mean']:>6.1%} {old['tbo_share_p90']:>7.1%} "
+                     f"{new['tbo_share_p90']:>6.1%} {'0%' if slow else '100%':>5} "
+                     f"{ratio:>13} {old['vs_best_fixed']:>21.3f}x {new['vs_best_fixed']:>5.3f}x")
     return "\n".join(lines)
 
 

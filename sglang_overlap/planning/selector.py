@@ -8,7 +8,14 @@ so ranks that start together choose the same mode step after step (their all-to-
 
 Estimates: `selector_estimates.py`; exploration and refresh: `selector_exploration.py`.
 Hysteresis: the selector leaves its current mode only for one estimated at least `hysteresis`
-(a fraction) faster, so a load at a break-even point does not flap.
+(a fraction) faster, so a load at a break-even point does not flap, and only for a lead of at
+least `confidence` standard errors of the current mode's mean at this load (`StepTable.spread`):
+while a few noisy or spiked steps make that mean uncertain, the current mode keeps running and
+so is measured further. Only the current mode's error counts: a challenger's is resolved by
+switching to it, which measures it.
+Spikes: a measured step is clipped at `clip` x its cell's mean before it enters a table
+(`clip`, called by the runtime that times the steps), so one host hiccup measured at 4x counts
+as 1.5x.
 Plain Python; mypy --strict.
 """
 
@@ -22,7 +29,7 @@ from sglang_overlap.modes import TIE_ORDER, Mode, Phase, StepDecision, phase_of
 from sglang_overlap.planning.cost.prior import Prior
 from sglang_overlap.planning.selector_estimates import Estimates
 from sglang_overlap.planning.selector_exploration import Exploration
-from sglang_overlap.planning.step_table import StepTable, cell_index, measure_bucket
+from sglang_overlap.planning.step_table import Cell, StepTable, cell_index, measure_bucket
 
 logger = logging.getLogger("sglang_overlap.selector")
 
@@ -59,11 +66,16 @@ class SelectorConfig:
     refresh_every: int = 2000  # the re-try gap doubles up to this (0: no re-tries)
     max_count: int = 64  # measurements per cell before older ones fade (StepTable cap)
     explore_margin: float = 0.10  # with a known correction, explore only within this of the best
+    confidence: float = 1.0  # leave the current mode only for a lead of this x its mean's error
+    clip: float = 1.5  # a step counts at most this x its cell's mean (`ModeSelector.clip`; 0: off)
 
     def __post_init__(self) -> None:
         check_hysteresis(self.hysteresis)
         check_explore_share(self.explore_share)
         check_trials(self.min_trials)
+        if not (self.confidence >= 0 and (self.clip == 0 or self.clip >= 1)):
+            raise ValueError(f"SelectorConfig: confidence >= 0 and clip 0 (off) or >= 1 (got "
+                             f"{self.confidence}, {self.clip})")
         if (self.refresh_every < 0 or self.refresh_first < 1 or self.max_count < 1
                 or self.explore_margin < 0):
             raise ValueError(f"SelectorConfig: refresh_every >= 0, refresh_first >= 1, "
@@ -95,10 +107,23 @@ class ModeSelector:
         """Steps run to measure a mode rather than on the estimates, both phases."""
         return sum(self.exploration.phase_explored.values())
 
-    def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
-        """All ranks' summed new measurements as (cell, count, total us) triples
-        (`StepTable.take`); call it with the same triples at the same step on every rank."""
+    def merge_cells(self, cells: Sequence[Cell]) -> None:
+        """All ranks' summed new measurements as (cell, count, total us, squares us^2) cells
+        (`StepTable.take`); call it with the same cells at the same step on every rank."""
         self._estimates.merge_cells(cells)
+
+    def clip(self, cell: int, us: float) -> float:
+        """A step of `us` microseconds measured into `cell` (`decide`'s `cell`), as it should
+        enter a step table: at most `clip` x the cell's mean, or where the cell holds nothing
+        yet, x the fastest mean measured in its bucket (nothing measured there, or clip 0:
+        `us` unchanged). One host hiccup then weighs like a step 1.5x slower, not 4x, so it
+        cannot hand a bucket to the slower mode on its own. Reads only the shared table; a
+        rank clips its own steps before they are summed, so every rank still merges the same
+        cells."""
+        if not self.config.clip:
+            return us
+        ceiling = self._estimates.typical(cell)
+        return us if ceiling is None else min(us, self.config.clip * ceiling)
 
     def correction(self, phase: Phase, mode: Mode, bucket: int | None = None) -> float | None:
         """`mode`'s measured / predicted ratio to none, carried to load `bucket` from the
@@ -137,7 +162,7 @@ class ModeSelector:
         prior = self.prior.predictions(phase, busiest, mean)
         self._estimates.note_prior(base, prior)
         estimates, measured = self._estimates.estimate(base, prior, candidates, phase)
-        chosen, why = self._choose(phase, estimates)
+        chosen, why = self._choose(phase, estimates, bucket)
         explore = self.exploration.pick(phase, base, chosen, estimates)
         if explore is not None:
             chosen, why = explore
@@ -155,7 +180,8 @@ class ModeSelector:
             logger.debug("mode selector: %s", decision.reason)
         return decision
 
-    def _choose(self, phase: Phase, estimates: Mapping[Mode, float]) -> tuple[Mode, str]:
+    def _choose(self, phase: Phase, estimates: Mapping[Mode, float], bucket: int
+                ) -> tuple[Mode, str]:
         best = min(estimates, key=lambda m: (estimates[m], TIE_ORDER[m]))
         current = self._current.get(phase)
         if current is None or current not in estimates:
@@ -165,10 +191,17 @@ class ModeSelector:
             return best, f"{current} cannot run this step"
         if best == current:
             return current, "still the fastest"
-        if estimates[best] <= estimates[current] * (1.0 - self.config.hysteresis):
-            self._current[phase] = best
-            return best, f"beats {current} by at least {self.config.hysteresis:.0%}"
-        return current, f"{best} is within the {self.config.hysteresis:.0%} hysteresis"
+        cfg = self.config
+        if estimates[best] > estimates[current] * (1.0 - cfg.hysteresis):
+            return current, f"{best} is within the {cfg.hysteresis:.0%} hysteresis"
+        # the current mode's own mean is uncertain (noisy or spiked steps): keep running it,
+        # which measures it further, rather than leave it on its noise
+        error = self.table.spread(cell_index(phase, bucket, current)) or 0.0
+        if estimates[current] - estimates[best] < cfg.confidence * error:
+            return current, (f"{best} leads by less than {cfg.confidence:g} standard error(s) "
+                             f"of {current}'s mean ({error:.0f} us)")
+        self._current[phase] = best
+        return best, f"beats {current} by at least {cfg.hysteresis:.0%}"
 
 
 __all__ = ["ModeSelector", "SelectorConfig", "check_explore_share",

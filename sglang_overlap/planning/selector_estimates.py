@@ -11,7 +11,7 @@ at the nearest loads measured, since it moves with the load (TBO loses at small 
 wins at large ones). calibration: this bucket's measured / corrected-prior ratio over the modes
 it measured (none measured: 1).
 
-Measurements enter only through `merge_cells`, with the same triples at the same step on every
+Measurements enter only through `merge_cells`, with the same cells at the same step on every
 rank, so every rank holds the same table. A refreshing cell (`start_refresh`) collects
 `min_trials` new measurements before they replace its old ones.
 Plain Python; mypy --strict.
@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from sglang_overlap.modes import PHASES, SELECTOR_MODES, Mode, Phase
-from sglang_overlap.planning.step_table import StepTable, bucket_of, cell_index
+from sglang_overlap.planning.step_table import Cell, StepTable, bucket_of, cell_index
 
 OFFSET = {m: i for i, m in enumerate(SELECTOR_MODES)}  # a mode's cell: its bucket's base + this
 _PREFILL_BASE = cell_index(Phase.PREFILL, 0, Mode.NONE)  # bases below it are decode buckets
@@ -36,7 +36,7 @@ class Estimates:
         self.min_trials = min_trials
         self.max_count = max_count
         self.table = StepTable()
-        self.fresh: dict[int, tuple[int, int]] = {}  # refreshing cell -> (count, total us)
+        self.fresh: dict[int, Cell] = {}  # refreshing cell -> its new (cell, count, total, squares)
         self._prior_ratio: dict[int, dict[Mode, float]] = {}  # base -> prior(m) / prior(none)
         self._correction: dict[Phase, dict[Mode, float]] = {p: {} for p in PHASES}
         # phase -> mode -> bucket -> log(measured ratio / prior ratio)
@@ -70,11 +70,11 @@ class Estimates:
                                        if m != Mode.NONE and none > 0}
 
     def start_refresh(self, cell: int) -> None:
-        self.fresh.setdefault(cell, (0, 0))
+        self.fresh.setdefault(cell, (cell, 0, 0, 0))
 
-    def merge_cells(self, cells: Sequence[tuple[int, int, int]]) -> None:
-        """Add (cell, count, total us) triples (`StepTable.take`); same triples, same step, on
-        every rank."""
+    def merge_cells(self, cells: Sequence[Cell]) -> None:
+        """Add (cell, count, total us, squares us^2) cells (`StepTable.take`); same cells, same
+        step, on every rank."""
         if not cells:
             return
         if self.fresh:
@@ -88,15 +88,15 @@ class Estimates:
         self.table.add_cells(cells, self.max_count)
         self._update_corrections()
 
-    def _refreshed(self, cell: int, count: int, total: int) -> None:
-        n, t = self.fresh[cell]
-        n, t = n + count, t + total
-        if n < self.min_trials:
-            self.fresh[cell] = (n, t)
+    def _refreshed(self, cell: int, count: int, total: int, squares: int) -> None:
+        _, n, t, q = self.fresh[cell]
+        new = (cell, n + count, t + total, q + squares)
+        if new[1] < self.min_trials:
+            self.fresh[cell] = new
         else:
             del self.fresh[cell]
             self.table.take((cell,))
-            self.table.add_cells(((cell, n, t),), self.max_count)
+            self.table.add_cells((new,), self.max_count)
 
     def _update_corrections(self) -> None:
         counts, totals = self.table.counts, self.table.totals
@@ -118,6 +118,17 @@ class Estimates:
         self._correction = {phase: {m: math.exp(sum(v.values()) / len(v))
                                     for m, v in by_mode.items()}
                             for phase, by_mode in self._logs.items()}
+
+    def typical(self, cell: int) -> float | None:
+        """The mean step time (us) of `cell`, or where it holds nothing, the fastest mean of
+        its bucket's cells; None where the bucket measured nothing."""
+        own = self.table.mean(cell)
+        if own is not None:
+            return own
+        base = cell - cell % len(SELECTOR_MODES)
+        means = [x for i in range(len(SELECTOR_MODES))
+                 if (x := self.table.mean(base + i)) is not None]
+        return min(means, default=None)
 
     def estimate(self, base: int, prior: Mapping[Mode, float], candidates: Sequence[Mode],
                  phase: Phase) -> tuple[dict[Mode, float], frozenset[Mode]]:

@@ -2,25 +2,29 @@
 the server.
 
 A `StepTable` is a fixed grid of integer cells, the same shape in every process, so that ranks
-can exchange measurements as integers: (cell, count, total) triples (`take` / `add_cells`).
-Integer sums do not depend on the order ranks are added in, so every rank ends up with the same
-table, bit for bit.
-Each cell holds a count and a total in microseconds.
+can exchange measurements as integers: (cell, count, total, squares) cells (`take` /
+`add_cells`). Integer sums do not depend on the order ranks are added in, so every rank ends up
+with the same table, bit for bit.
+Each cell holds a count, a total in microseconds and a sum of squares in us^2 (each step rounded
+to a whole us first), so a cell knows the spread of its steps as well as their mean
+(`spread`). A step of 100 s adds 10^16 us^2 to its cell's squares: what one share carries
+(16 such steps on 8 ranks: 1.3 x 10^18) stays inside the int64 the all-reduce sums in.
 
 Buckets: `measure_bucket(tokens)` is exact below 4 tokens, then 4 buckets per power of two
 (each at most 25% wide), 96 buckets in all; the last one (from 7 x 2^22 tokens) takes everything
 above. Coarser than the cost model's cache buckets on purpose: each bucket must be measured, so
 fewer buckets learn faster.
 
-Recency: `cap(max_count)` scales a cell whose count passed `max_count` back to it (integer
-arithmetic, identical on every rank), so old measurements fade and a drifting workload (longer
-contexts, other traffic) is followed.
+Recency: `cap(max_count)` scales a cell whose count passed `max_count` back to it (its total and
+squares by the same factor, integer arithmetic, identical on every rank), so old measurements
+fade and a drifting workload (longer contexts, other traffic) is followed.
 
 Plain Python; mypy --strict.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +34,9 @@ NUM_BUCKETS = 96
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 _MODE_INDEX = {m: i for i, m in enumerate(SELECTOR_MODES)}
 NUM_CELLS = len(PHASES) * NUM_BUCKETS * len(SELECTOR_MODES)
+
+Cell = tuple[int, int, int, int]
+"""(cell index, count, total us, sum of squares us^2): what `take` hands out, `add_cells` adds."""
 
 
 def measure_bucket(tokens: int) -> int:
@@ -75,18 +82,21 @@ class TableRow:
 
 
 class StepTable:
-    """Counts and microsecond totals per cell; `mean` reads one cell."""
+    """Counts, microsecond totals and sums of squares per cell; `mean` and `spread` read one."""
 
-    __slots__ = ("counts", "totals")
+    __slots__ = ("counts", "squares", "totals")
 
     def __init__(self) -> None:
         self.counts = [0] * NUM_CELLS
         self.totals = [0] * NUM_CELLS
+        self.squares = [0] * NUM_CELLS
 
     def add(self, cell: int, us: float) -> None:
-        """One measured step (`cell` from `cell_index`)."""
+        """One measured step (`cell` from `cell_index`), rounded to a whole us."""
+        v = int(us + 0.5)
         self.counts[cell] += 1
-        self.totals[cell] += int(us + 0.5)
+        self.totals[cell] += v
+        self.squares[cell] += v * v
 
     def count(self, cell: int) -> int:
         return self.counts[cell]
@@ -95,47 +105,61 @@ class StepTable:
         n = self.counts[cell]
         return self.totals[cell] / n if n else None
 
-    def add_cells(self, cells: Iterable[tuple[int, int, int]],
-                  max_count: int | None = None) -> None:
-        """Add (cell, count, total us) triples, e.g. another rank's `take`; with `max_count`,
-        cap the cells touched (`cap`). Costs O(triples)."""
-        counts, totals = self.counts, self.totals
-        for cell, count, total in cells:
+    def spread(self, cell: int) -> float | None:
+        """The standard error of the cell's mean in us: its steps' sample standard deviation
+        over sqrt(count); None below two steps."""
+        n = self.counts[cell]
+        if n < 2:
+            return None
+        t = self.totals[cell]
+        # n^2 (n - 1) x the squared error, exact in integers; negative only after a cap's floor
+        scaled = max(0, n * self.squares[cell] - t * t)
+        return math.sqrt(scaled / (n * n * (n - 1)))
+
+    def add_cells(self, cells: Iterable[Cell], max_count: int | None = None) -> None:
+        """Add (cell, count, total us, squares us^2) cells, e.g. another rank's `take`; with
+        `max_count`, cap the cells touched (`cap`). Costs O(cells)."""
+        counts, totals, squares = self.counts, self.totals, self.squares
+        for cell, count, total, square in cells:
             if not 0 <= cell < NUM_CELLS or count < 0:
-                raise ValueError(f"a step-table triple needs 0 <= cell < {NUM_CELLS} and "
-                                 f"count >= 0 (got {(cell, count, total)})")
+                raise ValueError(f"a step-table cell needs 0 <= cell < {NUM_CELLS} and "
+                                 f"count >= 0 (got {(cell, count, total, square)})")
             n = counts[cell] + count
             t = totals[cell] + total
+            q = squares[cell] + square
             if max_count is not None and n > max_count:
-                t, n = t * max_count // n, max_count
-            counts[cell], totals[cell] = n, t
+                t, q, n = t * max_count // n, q * max_count // n, max_count
+            counts[cell], totals[cell], squares[cell] = n, t, q
 
-    def take(self, cells: Iterable[int]) -> list[tuple[int, int, int]]:
-        """(cell, count, total us) of each of `cells` holding a measurement, in the order given,
-        and those cells emptied."""
-        counts, totals = self.counts, self.totals
+    def take(self, cells: Iterable[int]) -> list[Cell]:
+        """(cell, count, total us, squares us^2) of each of `cells` holding a measurement, in
+        the order given, and those cells emptied."""
+        counts, totals, squares = self.counts, self.totals, self.squares
         out = []
         for c in cells:
             n = counts[c]
             if n:  # a cell named twice is taken once
-                out.append((c, n, totals[c]))
-                counts[c] = totals[c] = 0
+                out.append((c, n, totals[c], squares[c]))
+                counts[c] = totals[c] = squares[c] = 0
         return out
 
     def clear(self) -> None:
         self.counts = [0] * NUM_CELLS
         self.totals = [0] * NUM_CELLS
+        self.squares = [0] * NUM_CELLS
 
     def empty(self) -> bool:
         return not any(self.counts)
 
     def cap(self, max_count: int) -> None:
-        """Scale every cell with more than `max_count` steps back to `max_count` (same mean)."""
+        """Scale every cell with more than `max_count` steps back to `max_count` (same mean,
+        about the same spread)."""
         if max_count < 1:
             raise ValueError(f"max_count must be >= 1 (got {max_count})")
         for i, n in enumerate(self.counts):
             if n > max_count:
                 self.totals[i] = self.totals[i] * max_count // n
+                self.squares[i] = self.squares[i] * max_count // n
                 self.counts[i] = max_count
 
     def rows(self) -> list[TableRow]:
@@ -166,5 +190,5 @@ def format_rows(rows: Iterable[TableRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NUM_BUCKETS", "NUM_CELLS", "StepTable", "TableRow",
+__all__ = ["NUM_BUCKETS", "NUM_CELLS", "Cell", "StepTable", "TableRow",
            "bucket_bounds", "cell_index", "format_rows", "measure_bucket"]

@@ -1,5 +1,5 @@
 """The mode selector's measurements (--overlap-gating auto): this rank's step times, and how
-they reach every rank so that all ranks merge the same triples at the same step.
+they reach every rank so that all ranks merge the same cells at the same step.
 
 The forward hook (`model_runner.py`) times each decided step into this rank's `local` table:
 wall time on CPU; on GPU two CUDA events, read only once completed (no device sync on the hot
@@ -7,12 +7,13 @@ path). How measurements travel (`Transport`) depends on the layout; neither adds
 its own per step:
 
 * `broadcast` (no attention DP: TP ranks run the same batch): only the TP leader times. After
-  --overlap-gating-sync-steps calls it attaches its new triples (`SelectorShare`) to the next
+  --overlap-gating-sync-steps calls it attaches its new cells (`SelectorShare`) to the next
   request list SGLang broadcasts to the TP group that carries requests, or to an empty one after
   `RIDE_WAIT` times as many (`request_receiver.py`); every rank merges the share it receives.
 * `all_reduce` (attention DP: each rank runs its own batch): every --overlap-gating-sync-steps
-  calls, `tick` sums the ranks' new triples with one all-reduce over the TP CPU group: one pair
-  of integers per cell ever decided (the same cells, same order, on every rank).
+  calls, `tick` sums the ranks' new cells with one all-reduce over the TP CPU group: three
+  integers per cell ever decided (count, total, squares; the same cells, same order, on every
+  rank).
 
 The learned table is logged every `TABLE_LOG_STEPS` steps and at exit (`log_table`).
 """
@@ -26,7 +27,7 @@ from typing import Any, Literal, NamedTuple
 
 from sglang_overlap.modes import SELECTOR_MODES, Mode, Phase, StepDecision
 from sglang_overlap.planning.selector import ModeSelector
-from sglang_overlap.planning.step_table import NUM_BUCKETS, StepTable, format_rows
+from sglang_overlap.planning.step_table import NUM_BUCKETS, Cell, StepTable, format_rows
 
 logger = logging.getLogger("sglang_overlap")
 
@@ -41,7 +42,7 @@ Transport = Literal["broadcast", "all_reduce"]
 class SelectorShare(NamedTuple):
     """The TP leader's new measurements, riding SGLang's request broadcast (`broadcast`)."""
 
-    cells: tuple[tuple[int, int, int], ...]  # (cell, count, total us), `StepTable.take`
+    cells: tuple[Cell, ...]  # (cell, count, total us, squares us^2), `StepTable.take`
 
 
 class SelectorRuntime:
@@ -98,10 +99,12 @@ class SelectorRuntime:
     def record(self, cell: int, us: float) -> None:
         """One timed step. The first step of each (phase, mode) in this process is dropped: it
         carries one-off costs (allocations, kernel JIT) the mode does not have in steady state.
-        Ranks may drop different steps; what they share is still the same everywhere."""
+        The others enter clipped (`ModeSelector.clip`: a host hiccup counts as at most 1.5x the
+        cell's mean). Ranks may drop or clip different steps; what they share is still the same
+        everywhere."""
         key = cell // _CELLS_PER_PHASE * len(SELECTOR_MODES) + cell % len(SELECTOR_MODES)
         if key in self._seen:
-            self.local.add(cell, us)
+            self.local.add(cell, self.selector.clip(cell, us))
             self._touched[cell] = None
         else:
             self._seen.add(key)
@@ -147,15 +150,16 @@ class SelectorRuntime:
         if not keys:
             return  # nothing decided yet, on any rank (the keys are the same everywhere)
         local = self.local
-        vector = [local.counts[c] for c in keys] + [local.totals[c] for c in keys]
+        vector = ([local.counts[c] for c in keys] + [local.totals[c] for c in keys]
+                  + [local.squares[c] for c in keys])
         local.take(keys)
         self._touched.clear()
         summed = _all_reduce(vector, self.group)
         n = len(keys)
-        self._merged([(c, summed[i], summed[n + i]) for i, c in enumerate(keys) if summed[i]])
+        self._merged([(c, summed[i], summed[n + i], summed[2 * n + i])
+                      for i, c in enumerate(keys) if summed[i]])
 
-    def _merged(self, cells: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...]
-                ) -> None:
+    def _merged(self, cells: list[Cell] | tuple[Cell, ...]) -> None:
         self.selector.merge_cells(cells)
         self.syncs += 1
         if self.selector.steps - self._logged_at >= TABLE_LOG_STEPS:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 from collections.abc import Mapping
 
 import pytest
@@ -62,8 +63,8 @@ def _workload(seed: int, steps: int, ranks: int = 16) -> list[tuple[str, list[in
     return out
 
 
-def _cells(measurements: list[tuple[int, float]]) -> list[tuple[int, int, int]]:
-    """(cell, count, total us) triples of `measurements`, as a rank's `StepTable.take` sends."""
+def _cells(measurements: list[tuple[int, float]]) -> list[tuple[int, int, int, int]]:
+    """(cell, count, total us, squares) of `measurements`, as a rank's `StepTable.take` sends."""
     t = StepTable()
     for cell, us in measurements:
         t.add(cell, us)
@@ -213,8 +214,9 @@ def test_hysteresis_switches_at_exactly_the_margin(challenger: float, switches: 
                        SelectorConfig(hysteresis=0.25, min_trials=0))
     assert sel.decide("decode", [8]).mode == "none"  # the prior's choice: the current mode
     b = measure_bucket(8)
-    sel.merge_cells([(cell_index("decode", b, "none"), 2, 200),
-                     (cell_index("decode", b, "tbo"), 2, int(2 * challenger))])
+    sel.merge_cells([(cell_index("decode", b, "none"), 2, 200, 2 * 100**2),
+                     (cell_index("decode", b, "tbo"), 2, int(2 * challenger),
+                      2 * int(challenger) ** 2)])  # two equal steps each: no spread
     d = sel.decide("decode", [8])
     assert (d.mode == "tbo") is switches, f"{challenger=} {d.reason}"
     if switches:
@@ -228,7 +230,7 @@ def test_no_trials_means_no_refresh_either() -> None:
     sel = ModeSelector(prior, SelectorConfig(min_trials=0, explore_share=0.5, refresh_first=1,
                                              refresh_every=2))
     none = cell_index("decode", measure_bucket(16), "none")
-    sel.merge_cells([(none, 1, 1000)])  # none measured once (not by this selector's choice)
+    sel.merge_cells([(none, 1, 1000, 1000**2)])  # none measured once (not by this selector)
     ds = _decide(sel, {"none": 1000.0, "tbo": 1300.0}, 40)
     assert [d.mode for d in ds[:2]] == ["tbo", "none"] and ds[-1].mode == "none"
     assert not any(d.explored for d in ds), [d.why for d in ds if d.explored]
@@ -436,6 +438,19 @@ class ReferenceSelector:
         v = self.sums.get((phase, bucket, mode))
         return sum(v) / len(v) if v else None
 
+    def error(self, phase: str, bucket: int, mode: str) -> float:
+        """The standard error of a cell's mean: sample sd over sqrt(n) (below 2 steps: 0)."""
+        v = self.sums.get((phase, bucket, mode), [])
+        return statistics.stdev(v) / math.sqrt(len(v)) if len(v) >= 2 else 0.0
+
+    def clip(self, phase: str, bucket: int, mode: str, us: float) -> float:
+        """At most `clip` x the cell's mean, else x the bucket's fastest mean (0: as is)."""
+        own = self.mean(phase, bucket, mode)
+        means = [x for m in ("none", "tbo", "sbo")
+                 if (x := self.mean(phase, bucket, m)) is not None]
+        ceiling = own if own is not None else min(means, default=None)
+        return us if not self.cfg.clip or ceiling is None else min(us, self.cfg.clip * ceiling)
+
     def merge(self, items: list[tuple[str, int, str, float]]) -> None:
         for phase, bucket, mode, us in items:
             self.sums.setdefault((phase, bucket, mode), []).append(float(int(us + 0.5)))
@@ -471,7 +486,8 @@ class ReferenceSelector:
         cur = self.current.get(phase)
         if cur is None or cur not in est:
             chosen = best
-        elif est[best] <= est[cur] * (1 - self.cfg.hysteresis):
+        elif (est[best] <= est[cur] * (1 - self.cfg.hysteresis) and est[cur] - est[best]
+              >= self.cfg.confidence * self.error(phase, bucket, cur)):
             chosen = best
         else:
             chosen = cur
@@ -501,11 +517,12 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
         ("prefill", "tbo"): rng.uniform(30, 70)})
     cfg = SelectorConfig(hysteresis=rng.choice([0.0, 0.03, 0.1]), min_trials=rng.randint(1, 4),
                      explore_share=rng.choice([0.05, 0.2, 0.5]), max_count=10**9,
-                     refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]))
+                     refresh_every=0, explore_margin=rng.choice([0.0, 0.1, 10.0]),
+                     confidence=rng.choice([0.0, 1.0, 2.0]), clip=rng.choice([0.0, 1.2, 1.5]))
     gate, ref = ModeSelector(prior, cfg), ReferenceSelector(prior, cfg)
     loads = [3, 17, 18, 40, 70, 300]  # a mode's speed moves with the load, as TBO's does
     speed = {(m, t): rng.uniform(0.5, 1.5) for m in ("none", "tbo", "sbo") for t in loads}
-    pending: list[tuple[str, int, str, float]] = []
+    pending: list[tuple[str, int, str, float, float]] = []  # ..., clipped by gate / by ref
     for step in range(400):
         phase = "prefill" if rng.random() < 0.2 else "decode"
         level = rng.choice(loads)
@@ -515,10 +532,13 @@ def test_gate_matches_the_reference_on_random_workloads(seed: int) -> None:
         want = ref.decide(phase, busiest, allowed)
         assert got.mode == want, f"{seed=} {step=} {phase=} {busiest=} {got=}"
         us = 1000.0 * speed[got.mode, level] * (1 + rng.uniform(-0.05, 0.05))
-        pending.append((phase, got.bucket, got.mode, us))
+        if rng.random() < 0.05:
+            us *= 4  # a host hiccup: clipped
+        pending.append((phase, got.bucket, got.mode, gate.clip(got.cell, us),
+                        ref.clip(phase, got.bucket, got.mode, us)))
         if step % 7 == 6:  # a sync: both see the same new measurements at the same step
-            gate.merge_cells(_cells([(cell_index(p, b, m), t) for p, b, m, t in pending]))
-            ref.merge(pending)
+            gate.merge_cells(_cells([(cell_index(p, b, m), t) for p, b, m, t, _ in pending]))
+            ref.merge([(p, b, m, t) for p, b, m, _, t in pending])
             pending = []
 
 
@@ -557,7 +577,99 @@ def test_one_expert_rank_with_sbo_enabled_decides_and_explores_sbo() -> None:
         d = gate.decide("decode", [8])
         chosen.append(d.mode)
         if d.cell is not None:
-            gate.merge_cells([(d.cell, 1, 1000 if d.mode == "none" else 1250)])
+            us = 1000 if d.mode == "none" else 1250
+            gate.merge_cells([(d.cell, 1, us, us * us)])
     assert chosen[0] == "none" and "sbo" in chosen, chosen
     assert chosen[-1] == "none"  # SBO measured 1.25x slower: none wins
     assert gate.explored >= 1
+
+
+# -- robustness: clipped spikes, the current mode's error -------------------------------------
+
+def _measured(confidence: float, none: tuple[int, ...], tbo: tuple[int, ...]) -> StepDecision:
+    """none current (the prior's choice), then both measured at 8 tokens: the next decision."""
+    sel = ModeSelector(TablePrior({("decode", "none"): 1.0, ("decode", "tbo"): 2.0}),
+                       SelectorConfig(min_trials=0, confidence=confidence))
+    assert sel.decide("decode", [8]).mode == "none"
+    b = measure_bucket(8)
+    sel.merge_cells(_cells([(cell_index("decode", b, "none"), us) for us in none]
+                           + [(cell_index("decode", b, "tbo"), us) for us in tbo]))
+    return sel.decide("decode", [8])
+
+
+@pytest.mark.parametrize(("confidence", "tbo", "switches"), [
+    (1.0, 900, True),    # none: 1000, 1400 us -> mean 1200, sd 282.8, error 200; lead 300
+    (1.5, 900, True),    # 300 >= 1.5 x 200
+    (1.51, 900, False),  # 300 < 302
+    (2.0, 900, False),
+    (1.0, 1000, True),   # a lead of exactly one error switches
+    (0.0, 1150, True),   # no confidence: the hysteresis alone (1150 <= 0.97 x 1200)
+])
+def test_the_current_mode_is_left_only_for_a_lead_beyond_its_error(
+        confidence: float, tbo: int, switches: bool) -> None:
+    d = _measured(confidence, (1000, 1400), (tbo, tbo))
+    assert (d.mode == "tbo") is switches, f"{confidence=} {tbo=} {d.why}"
+    if not switches:
+        assert d.why == (f"tbo leads by less than {confidence:g} standard error(s) of none's "
+                         "mean (200 us)")
+
+
+def test_only_the_current_modes_error_holds_it() -> None:
+    """tbo's own steps scatter (100, 1500: error 700 us), none's do not: tbo's mean of 800 beats
+    none's 1000 whatever the confidence; none measured once has no error either."""
+    assert _measured(5.0, (1000, 1000), (100, 1500)).mode == "tbo"
+    assert _measured(5.0, (1000,), (800, 800)).mode == "tbo"
+
+
+def test_clip_hand_worked() -> None:
+    sel = ModeSelector(FlatPrior(frozenset({"tbo", "sbo"})), SelectorConfig())
+    b = 9
+    none, tbo, sbo = (cell_index("decode", b, m) for m in ("none", "tbo", "sbo"))
+    assert sel.clip(none, 4000.0) == 4000.0, "nothing measured in the bucket: as is"
+    sel.merge_cells(_cells([(cell_index("decode", b + 1, "none"), 1000.0),
+                            (cell_index("prefill", b, "none"), 1000.0)]))
+    assert sel.clip(none, 4000.0) == 4000.0, "other buckets and phases do not count"
+    sel.merge_cells(_cells([(none, 1000.0)]))
+    assert (sel.clip(none, 4000.0), sel.clip(none, 1200.0)) == (1500.0, 1200.0)
+    assert sel.clip(tbo, 4000.0) == 1500.0, "an empty cell: 1.5 x the bucket's fastest mean"
+    sel.merge_cells(_cells([(sbo, 800.0)]))
+    assert sel.clip(tbo, 4000.0) == 1200.0, "1.5 x sbo's 800, the fastest"
+    sel.merge_cells(_cells([(tbo, 2000.0)]))
+    assert sel.clip(tbo, 4000.0) == 3000.0, "a measured cell: 1.5 x its own mean"
+    off = ModeSelector(FlatPrior(frozenset({"tbo"})), SelectorConfig(clip=0.0))
+    off.merge_cells(_cells([(none, 1000.0)]))
+    assert off.clip(none, 4000.0) == 4000.0
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"confidence": -0.1}, "confidence >= 0"), ({"clip": 0.99}, "clip 0 \\(off\\) or >= 1"),
+])
+def test_robustness_settings_are_checked(config: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SelectorConfig(**config)  # type: ignore[arg-type]
+    SelectorConfig(confidence=0.0, clip=1.0)
+
+
+def _one_spike(config: SelectorConfig) -> list[str]:
+    """tbo 1.2x none, exact, but none's second step measured at 4x: the modes of 200 steps at
+    8 tokens, each step clipped as the runtime clips it and merged at once."""
+    gate = ModeSelector(FlatPrior(frozenset({"tbo"})), config)
+    modes, nones = [], 0
+    for _ in range(200):
+        d = gate.decide("decode", [8])
+        assert d.cell is not None
+        nones += d.mode == "none"
+        us = 1200.0 if d.mode == "tbo" else 4000.0 if nones == 2 else 1000.0
+        gate.merge_cells(_cells([(d.cell, gate.clip(d.cell, us))]))
+        modes.append(d.mode)
+    return modes
+
+
+def test_one_spike_on_the_faster_mode_does_not_hand_its_bucket_over() -> None:
+    cfg = SelectorConfig(min_trials=3, explore_share=0.5, refresh_every=0)
+    # ground truth: none is faster, so tbo runs only its 3 trials
+    assert _one_spike(cfg).count("tbo") == 3
+    old = _one_spike(dataclasses.replace(cfg, confidence=0.0, clip=0.0))
+    assert old.count("tbo") > 100, "the rule before: one spike hands the bucket to tbo"
+    clip_only = _one_spike(dataclasses.replace(cfg, confidence=0.0))
+    assert clip_only.count("tbo") > 100, "1000, 1500: clipped, still above 1200 x 1.03"

@@ -16,7 +16,7 @@ def _measure(est: Estimates, bucket: int, times: dict[str, int],
     """One measurement per mode at `bucket` (integer us), after the prior was noted there."""
     base = cell_index(phase, bucket, "none")
     est.note_prior(base, prior or FLAT)
-    est.merge_cells([(cell_index(phase, bucket, m), 1, us) for m, us in times.items()])
+    est.merge_cells([(cell_index(phase, bucket, m), 1, us, us * us) for m, us in times.items()])
 
 
 def test_the_correction_comes_from_the_nearest_measured_loads() -> None:
@@ -46,7 +46,7 @@ def test_unmeasured_estimates_use_the_local_correction_and_calibration() -> None
     est.note_prior(base, prior)
     got, measured = est.estimate(base, prior, ("none", "tbo"), "decode")
     assert got == {"none": 300.0, "tbo": 150.0} and measured == frozenset()
-    est.merge_cells([(base, 1, 600)])  # none measured here: 2x the prior, tbo follows
+    est.merge_cells([(base, 1, 600, 600**2)])  # none measured here: 2x the prior, tbo follows
     got, measured = est.estimate(base, prior, ("none", "tbo"), "decode")
     assert got == {"none": 600.0, "tbo": 300.0} and measured == frozenset({"none"})
 
@@ -56,7 +56,7 @@ def test_a_zero_prediction_of_the_measured_modes_leaves_the_rest_uncalibrated() 
     base = cell_index("decode", 5, "none")
     prior = {"none": 0.0, "tbo": 5.0}
     est.note_prior(base, prior)
-    est.merge_cells([(base, 1, 700)])
+    est.merge_cells([(base, 1, 700, 700**2)])
     got, _ = est.estimate(base, prior, ("none", "tbo"), "decode")
     assert got == {"none": 700.0, "tbo": 5.0}
 
@@ -83,10 +83,11 @@ def test_corrections_need_positive_times_and_prior(none_us: int, tbo_us: int, pr
 def test_a_refresh_replaces_the_cell_with_its_new_measurements_capped() -> None:
     est = Estimates(min_trials=3, max_count=2)
     cell = cell_index("decode", 7, "tbo")
-    est.merge_cells([(cell, 2, 4000)])
+    est.merge_cells([(cell, 2, 4000, 2 * 2000**2)])
     est.start_refresh(cell)
-    est.merge_cells([(cell, 1, 1000), (cell, 1, 1000)])
+    est.merge_cells([(cell, 1, 1000, 1000**2), (cell, 1, 1000, 1000**2)])
     assert est.table.mean(cell) == 2000.0, "collecting: the old mean stands"
-    est.merge_cells([(cell, 1, 1301)])
+    est.merge_cells([(cell, 1, 1301, 1301**2)])
     assert cell not in est.fresh
     assert (est.table.counts[cell], est.table.totals[cell]) == (2, 2200)  # 3301 us over 3, capped
+    assert est.table.squares[cell] == (2 * 1000**2 + 1301**2) * 2 // 3, "squares capped alike"

@@ -37,7 +37,8 @@ def _step(e: Exploration, bucket: int, chosen: str, estimates: dict[str, float]
 def _learn_tbo_ratio(est: Estimates, bucket: int, ratio_us: int) -> None:
     base = cell_index("decode", bucket, "none")
     est.note_prior(base, {"none": 1.0, "tbo": 1.0})
-    est.merge_cells([(base, 1, 1000), (cell_index("decode", bucket, "tbo"), 1, ratio_us)])
+    est.merge_cells([(base, 1, 1000, 1000**2),
+                     (cell_index("decode", bucket, "tbo"), 1, ratio_us, ratio_us**2)])
 
 
 def test_a_mode_ran_near_within_a_factor_of_two_of_load() -> None:

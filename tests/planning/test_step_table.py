@@ -1,8 +1,11 @@
-"""Tests for planning/step_table.py: the bucket grid, the all-reducible vector, recency."""
+"""Tests for planning/step_table.py: the bucket grid, the all-reducible vector, recency, the
+spread of a cell."""
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 
 import pytest
 
@@ -63,12 +66,13 @@ def test_summed_triples_are_rank_order_independent() -> None:
     for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
         merged = StepTable()
         for i in order:
-            merged.add_cells([(c, tables[i].counts[c], tables[i].totals[c])
+            merged.add_cells([(c, tables[i].counts[c], tables[i].totals[c], tables[i].squares[c])
                               for c in range(NUM_CELLS) if tables[i].counts[c]])
-        sums.append((merged.counts, merged.totals))
+        sums.append((merged.counts, merged.totals, merged.squares))
     assert sums[0] == sums[1]
     direct = ([sum(t.counts[c] for t in tables) for c in range(NUM_CELLS)],
-              [sum(t.totals[c] for t in tables) for c in range(NUM_CELLS)])
+              [sum(t.totals[c] for t in tables) for c in range(NUM_CELLS)],
+              [sum(t.squares[c] for t in tables) for c in range(NUM_CELLS)])
     assert sums[0] == direct
 
 
@@ -84,7 +88,7 @@ def test_mean_count_cap_and_clear() -> None:
     with pytest.raises(ValueError, match="max_count"):
         t.cap(0)
     t.clear()
-    assert t.empty()
+    assert t.empty() and not any(t.squares) and not any(t.totals)
 
 
 def test_rows_and_format() -> None:
@@ -103,12 +107,13 @@ def test_add_cells_caps_only_what_it_touches() -> None:
     a, b = cell_index("decode", 5, "none"), cell_index("decode", 6, "tbo")
     for _ in range(10):
         t.add(a, 100.0)
-    t.add_cells([(b, 5, 1000)], max_count=4)
+    t.add_cells([(b, 5, 1000, 5 * 200**2)], max_count=4)
     assert (t.count(a), t.count(b), t.mean(b)) == (10, 4, 200.0), "a untouched, b capped"
-    t.add_cells([(a, 1, 1100)], max_count=4)
+    t.add_cells([(a, 1, 1100, 1100**2)], max_count=4)
     assert (t.count(a), t.totals[a]) == (4, (1000 + 1100) * 4 // 11)
-    t.add_cells([(b, 0, 0)], max_count=4)  # at the cap, not over it: unchanged
-    assert (t.count(b), t.totals[b]) == (4, 800)
+    assert t.squares[a] == (10 * 100**2 + 1100**2) * 4 // 11
+    t.add_cells([(b, 0, 0, 0)], max_count=4)  # at the cap, not over it: unchanged
+    assert (t.count(b), t.totals[b], t.squares[b]) == (4, 800, 4 * 200**2)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -121,18 +126,70 @@ def test_take_then_add_cells_moves_exactly_the_measured_cells(seed: int) -> None
     for cell in cells:
         for _ in range(rng.randint(1, 5)):
             new.add(cell, rng.uniform(10.0, 5000.0))
-    before = (list(new.counts), list(new.totals))
-    triples = new.take(cells + cells[:1] + rng.sample(range(NUM_CELLS), 3))
-    assert new.empty() and [c for c, _, _ in triples] == cells
+    before = (list(new.counts), list(new.totals), list(new.squares))
+    taken = new.take(cells + cells[:1] + rng.sample(range(NUM_CELLS), 3))
+    assert new.empty() and [c for c, _, _, _ in taken] == cells
+    assert not any(new.squares), "take empties the squares too"
     rebuilt = StepTable()
-    rebuilt.add_cells(triples)
-    assert (rebuilt.counts, rebuilt.totals) == before, f"{seed=}"
+    rebuilt.add_cells(taken)
+    assert (rebuilt.counts, rebuilt.totals, rebuilt.squares) == before, f"{seed=}"
 
 
-def test_add_cells_refuses_a_bad_triple() -> None:
+def test_add_cells_refuses_a_bad_cell() -> None:
     t = StepTable()
     with pytest.raises(ValueError, match="0 <= cell < 576"):
-        t.add_cells([(NUM_CELLS, 1, 10)])
+        t.add_cells([(NUM_CELLS, 1, 10, 100)])
     with pytest.raises(ValueError, match="count >= 0"):
-        t.add_cells([(0, -1, 10)])
+        t.add_cells([(0, -1, 10, 100)])
     assert t.empty()
+
+
+def test_spread_hand_worked() -> None:
+    """The standard error of a cell's mean: 100, 200, 300 us have a sample sd of 100 us, so
+    100 / sqrt(3); one step has none; equal steps have 0."""
+    t = StepTable()
+    c, d = cell_index("decode", 9, "none"), cell_index("decode", 9, "tbo")
+    assert t.spread(c) is None
+    t.add(c, 100.0)
+    assert t.spread(c) is None, "one step: no spread"
+    t.add(c, 200.0)
+    t.add(c, 300.0)
+    assert t.squares[c] == 100**2 + 200**2 + 300**2
+    assert t.spread(c) == pytest.approx(100.0 / math.sqrt(3), rel=1e-12)
+    for _ in range(5):
+        t.add(d, 777.0)
+    assert t.spread(d) == 0.0
+
+
+def test_cap_keeps_the_mean_and_the_per_step_variance() -> None:
+    """100, 100, 400, 400 us: mean 250, population variance 22500 us^2. Capped to 2 steps, both
+    stay; the error of the mean grows to sqrt(2 x 22500 / 2) = 150 us (fewer steps)."""
+    t = StepTable()
+    c = cell_index("prefill", 3, "sbo")
+    for us in (100.0, 100.0, 400.0, 400.0):
+        t.add(c, us)
+    assert t.spread(c) == pytest.approx(math.sqrt(4 * 22500 / 3 / 4), rel=1e-12)
+    t.cap(2)
+    assert (t.count(c), t.totals[c], t.squares[c]) == (2, 500, 170000)
+    assert t.mean(c) == 250.0 and t.spread(c) == 150.0
+
+
+def test_spread_of_sums_that_no_steps_give_is_zero_not_an_error() -> None:
+    """Integer floors (a cap) can leave n x squares a hair below total^2; the spread is then 0."""
+    t = StepTable()
+    c = cell_index("decode", 4, "tbo")
+    t.add_cells([(c, 2, 3, 4)])  # 2 x 4 - 3^2 = -1
+    assert t.spread(c) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spread_matches_the_statistics_module(seed: int) -> None:
+    rng = random.Random(seed)
+    t = StepTable()
+    c = rng.randrange(NUM_CELLS)
+    values = [rng.uniform(10.0, 1e6) for _ in range(rng.randint(2, 300))]
+    for v in values:
+        t.add(c, v)
+    rounded = [int(v + 0.5) for v in values]
+    want = statistics.stdev(rounded) / math.sqrt(len(rounded))
+    assert t.spread(c) == pytest.approx(want, rel=1e-9), f"{seed=} {len(values)=}"

@@ -344,6 +344,7 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     assert rt.selector.table.count(cell) == 0 and rt.local.count(cell) == 1
     rt.tick()  # the 4th call syncs (no process group here: this rank's sums are the sums)
     assert rt.selector.table.count(cell) == 1 and rt.local.empty() and rt.syncs == 1
+    assert (rt.selector.table.totals[cell], rt.selector.table.squares[cell]) == (1500, 1500**2)
     rt.tick(), rt.tick(), rt.tick(), rt.tick()  # nothing new: the merge adds nothing
     assert rt.selector.table.count(cell) == 1 and rt.selector.table.mean(cell) == 1500.0
     result = SimpleNamespace(internal_state={"x": 1})
@@ -354,6 +355,19 @@ def test_tick_merges_every_sync_steps_and_table_is_served(auto_settings) -> None
     assert table["prior"].startswith("flat") and result.internal_state["x"] == 1
     rt.selector.decide("decode", [8])
     assert internal_state.served_table(rt)["chosen"] == {"decode/none": 3}
+
+
+def test_record_clips_a_step_at_1_5x_its_cells_shared_mean() -> None:
+    rt = SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"}))), sync_steps=4, cuda=False,
+                         setup="t")
+    cell = cell_index("decode", measure_bucket(8), "none")
+    rt.record(cell, 50.0)  # the first step of (decode, none): dropped
+    rt.record(cell, 4000.0)  # nothing shared yet: as measured
+    rt.selector.merge_cells([(cell, 1, 1000, 1000**2)])
+    rt.record(cell, 4000.0)
+    rt.record(cell, 1100.0)
+    assert (rt.local.count(cell), rt.local.totals[cell]) == (3, 4000 + 1500 + 1100)
+    assert rt.local.squares[cell] == 4000**2 + 1500**2 + 1100**2
 
 
 def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -> None:
@@ -372,7 +386,7 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     assert leader.local.count(cell) == 2 and leader.outgoing() is None, "3 calls < 4"
     leader.tick(), follower.tick()
     share = leader.outgoing()
-    assert share == SelectorShare(((cell, 2, 4000),)) and leader.local.empty()
+    assert share == SelectorShare(((cell, 2, 4000, 1500**2 + 2500**2),)) and leader.local.empty()
     assert leader.outgoing() is None, "one share per sync_steps calls"
     leader.record(cell, 100.0)
     for _ in range(4):
@@ -380,7 +394,7 @@ def test_broadcast_leader_shares_every_sync_steps_and_followers_time_nothing() -
     assert leader.outgoing(riding=False) is None, "an empty list waits for 4 x sync_steps"
     for _ in range(12):
         leader.tick()
-    assert leader.outgoing(riding=False) == SelectorShare(((cell, 1, 100),))
+    assert leader.outgoing(riding=False) == SelectorShare(((cell, 1, 100, 100**2),))
     for rt in (leader, follower):
         rt.incoming(share)
         assert rt.selector.table.count(cell) == 2 and rt.selector.table.mean(cell) == 2000.0
@@ -410,7 +424,7 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
         return [*recv_reqs, *(local_reqs or [])]
 
     out = request_receiver.broadcast_reqs(single_rank, None, ["req"], ["abort"])
-    assert out == ["req", "abort"] and sent[0][-1] == SelectorShare(((cell, 1, 1500),))
+    assert out == ["req", "abort"] and sent[0][-1] == SelectorShare(((cell, 1, 1500, 1500**2),))
     assert rt.selector.table.count(cell) == 1 and rt.syncs == 1
     out = request_receiver.broadcast_reqs(single_rank, None, [], None)  # nothing new: no share
     assert out == [] and sent[1] == []
@@ -419,7 +433,8 @@ def test_request_broadcast_hook_is_installed_and_strips_the_share(auto_settings)
     request_receiver.broadcast_reqs(single_rank, None, [], None)
     assert sent[2] == [] and rt.selector.table.count(cell) == 1, "an empty list: not yet"
     request_receiver.broadcast_reqs(single_rank, None, [], ["abort"])  # carries a request
-    assert sent[3] == [SelectorShare(((cell, 1, 500),))] and rt.selector.table.count(cell) == 2
+    assert sent[3] == [SelectorShare(((cell, 1, 500, 500**2),))]
+    assert rt.selector.table.count(cell) == 2
     # all_reduce: hands straight on
     selector_setup.set_runtime(SelectorRuntime(ModeSelector(FlatPrior(frozenset({"tbo"}))),
                                                sync_steps=1, cuda=False, setup="t"))
