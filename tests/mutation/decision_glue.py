@@ -19,6 +19,7 @@ import argparse
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -178,12 +179,16 @@ def main() -> int:
     args = ap.parse_args()
     mutants = [m for m in (OLD if args.old else NEW)
                if (args.only is None or m.id in args.only) and (args.e2e or not m.e2e)]
+    unit = [*UNIT, "tests/test_mode_literals.py"] if not args.old else list(UNIT)
+    return report(args.tree, mutants, lambda m: E2E if m.e2e else unit)
+
+
+def report(tree: Path, mutants: list[Mutant], tests: Callable[[Mutant], list[str]]) -> int:
+    """Run each mutant against `tests(mutant)`, print killed / survived per mutant and the
+    score; 0 when every mutant was killed, else 1."""
     killed = 0
     for m in mutants:
-        tests = [*UNIT, "tests/test_mode_literals.py"] if not args.old else list(UNIT)
-        if m.e2e:
-            tests = E2E
-        dead, secs = run(args.tree, m, tests)
+        dead, secs = run(tree, m, tests(m))
         killed += dead
         print(f"{m.id:<4} {'killed  ' if dead else 'SURVIVED'} {secs:6.0f} s  {m.what}", flush=True)
     print(f"{killed}/{len(mutants)} killed")

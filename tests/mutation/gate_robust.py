@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tests.mutation.decision_glue import ROOT, Mutant, run
+from tests.mutation.decision_glue import ROOT, Mutant, report
 
 UNIT = ["tests/planning/test_step_table.py", "tests/planning/test_selector.py",
         "tests/planning/test_selector_estimates.py", "tests/planning/test_selector_exploration.py",
@@ -101,13 +101,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args()
     mutants = [m for m in MUTANTS if args.only is None or m.id in args.only]
-    killed = 0
-    for m in mutants:
-        dead, secs = run(args.tree, m, UNIT)
-        killed += dead
-        print(f"{m.id:<4} {'killed  ' if dead else 'SURVIVED'} {secs:6.0f} s  {m.what}", flush=True)
-    print(f"{killed}/{len(mutants)} killed")
-    return 0 if killed == len(mutants) else 1
+    return report(args.tree, mutants, lambda m: UNIT)
 
 
 if __name__ == "__main__":
