@@ -221,13 +221,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def gpu_used_mib() -> int | None:
-    """GPU memory in use now (nvidia-smi), None where it cannot say."""
+def query_gpu(field: str) -> list[str] | None:
+    """nvidia-smi's value of `field` (`--query-gpu`), one stripped line per GPU; None where
+    nvidia-smi is missing or refuses the field (an older driver)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,"
                               "nounits"], capture_output=True, text=True, timeout=30, check=True)
-        return sum(int(x) for x in out.stdout.split())
-    except (OSError, ValueError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.stdout.strip().splitlines()]
+
+
+def gpu_used_mib() -> int | None:
+    """GPU memory in use now, all GPUs (nvidia-smi), None where it cannot say."""
+    lines = query_gpu("memory.used")
+    try:
+        return None if lines is None else sum(int(x) for x in lines)
+    except ValueError:
         return None
 
 
@@ -241,17 +251,7 @@ def gpu_state() -> dict[str, str] | None:
     driver does not know leaves the others; None where none answers. Taken around each server's
     bench_serving: a server measured on a hotter or slower-clocked card than its baseline shows
     it here."""
-    state: dict[str, str] = {}
-    for name in GPU_STATE:
-        try:
-            out = subprocess.run(["nvidia-smi", f"--query-gpu={name}",
-                                  "--format=csv,noheader,nounits"], capture_output=True,
-                                 text=True, timeout=30, check=True)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        lines = out.stdout.strip().splitlines()
-        if lines:
-            state[name] = lines[0].strip()
+    state = {name: lines[0] for name in GPU_STATE if (lines := query_gpu(name))}
     return state or None
 
 

@@ -201,5 +201,18 @@ def test_gpu_state_reads_each_field_and_keeps_those_the_driver_knows(tmp_path, m
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert serve_suite.gpu_state() == {"clocks.sm": "1980", "temperature.gpu": "61"}
+    assert serve_suite.gpu_used_mib() is None, "memory.used refused"
     fake.unlink()
-    assert serve_suite.gpu_state() is None
+    assert serve_suite.gpu_state() is None and serve_suite.gpu_used_mib() is None
+
+
+@pytest.mark.parametrize(("answer", "want"), [("echo ' 100'; echo '250 '", 350),
+                                              ("echo 'N/A'", None), (":", 0)])
+def test_gpu_used_mib_sums_every_gpu(tmp_path, monkeypatch, answer: str, want: int | None) -> None:
+    from benchmarks.serve import serve_suite
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = --query-gpu=memory.used ] || exit 2\n{answer}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert serve_suite.gpu_used_mib() == want
