@@ -16,7 +16,7 @@ slower). Ideal: 0 % TBO when factor > 1, 100 % when < 1, after a few measured st
 Two rules on the same seeds and traces (`RULES`): "old", the selector on its means alone
 (`SelectorConfig(confidence=0, clip=0)`: the rule before 2026-12-07), and "new", the defaults
 (each step clipped at 1.5x its cell's mean; the current mode left only for a lead of at least
-2 standard errors).
+one standard error of its mean).
 
     .venv/bin/python benchmarks/bench_gate_noise.py [--seeds 20] [--steps 300 3000] [--json F]
 
