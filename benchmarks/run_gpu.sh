@@ -7,6 +7,7 @@
 #   bash benchmarks/run_gpu.sh [gpusuite|sbo|gemm|padded|dgsignal|graphsets|all] [extra gpu_suite.py options for gemm]
 #     gpusuite  the whole tests/gpu suite: the DeepEP tests once per tree (sgl-deep-ep, the
 #           staged antgroup-opt), the rest once; workers sized to the card's memory
+#           (SUITE_PART=deepep or rest: that half only, for a call too short for both)
 #     sbo   DeepEP trees: env probe, JIT warm-up, tests/gpu (DeepEP + SBO layer tests once per
 #           tree), hang probe and SBO layer benchmark per tree, tables (default)
 #     gemm  the signal down-GEMM suite (benchmarks/gpu_suite.py all: tests/gpu + tile sweep)
@@ -319,13 +320,16 @@ if [ "$MODE" = gpusuite ]; then
   export SGLANG_OVERLAP_REQUIRE_DEEPEP=1 SGLANG_OVERLAP_REQUIRE_DGSIGNAL=1
   export SGLANG_OVERLAP_REQUIRE_DGOWN=1 SGLANG_OVERLAP_GPU_SEEDS=${GPU_SEEDS:-4}
   deepep_files=(tests/gpu/test_deepep_kernels.py tests/gpu/test_sbo_layer.py)
+  part=${SUITE_PART:-all}  # deepep | rest | all: the suite in two calls where one is too short
+  case "$part" in deepep|rest|all) ;; *) echo "SUITE_PART=$part: deepep, rest or all"; exit 2;; esac
+  [ "$part" = rest ] && tree_list=()
   for tree in "${tree_list[@]}"; do
     while read -r n files; do
       # shellcheck disable=SC2086
       PYTHONPATH=$tree:$PYTHONPATH suite "deepep_$(basename "$tree")_w$n" "$n" $files
     done < <(python3 -m tests.gpu.memory --total-gib "$gib" --groups "${deepep_files[@]}")
   done
-  while read -r n files; do
+  [ "$part" != deepep ] && while read -r n files; do
     # shellcheck disable=SC2086
     suite "w$n" "$n" $files
   done < <(python3 -m tests.gpu.memory --total-gib "$gib" --groups \

@@ -164,7 +164,7 @@ def generate(url: str, texts: list[str]) -> list[dict[str, Any]]:
 
 def bench(port: int, model: str, levels: list[int], out: Path) -> dict[str, Any]:
     """SGLang's bench_serving at each concurrency, one process for all (bench_many.py): random
-    token ids (input 128-256, output 64), 4 x concurrency prompts (at least 8). Returns
+    token ids (input 128-256, output 64), 8 x concurrency prompts (at least 16). Returns
     {str(concurrency): record}; raises RuntimeError naming the concurrency's log where
     bench_serving wrote no record."""
     cmd = [sys.executable, str(Path(__file__).with_name("bench_many.py")),

@@ -73,7 +73,7 @@ def test_bad_arguments_name_the_flag(argv: list[str], needle: str, tmp_path: Pat
 
 
 def test_prompts_are_four_per_concurrent_request_at_least_eight() -> None:
-    assert [bench_many.prompts_for(c) for c in (1, 2, 3, 16)] == [8, 8, 12, 64]
+    assert [bench_many.prompts_for(c) for c in (1, 2, 3, 16)] == [16, 16, 24, 128]
 
 
 def test_the_serve_suite_reads_each_concurrencys_fresh_record(tmp_path: Path,
