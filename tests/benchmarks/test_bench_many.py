@@ -41,7 +41,7 @@ def test_each_concurrency_runs_in_order_with_its_prompts_and_files(runs: list[An
     out = tmp_path / "bench_x"
     rc = bench_many.main(["--concurrency", "1,64", "--out", str(out), "--", *FLAGS])
     assert rc == 0
-    assert [(a.max_concurrency, a.num_prompts) for a in runs] == [(1, 8), (64, 256)]
+    assert [(a.max_concurrency, a.num_prompts) for a in runs] == [(1, 16), (64, 512)]
     assert all(a.port == 30000 and a.dataset_name == "random-ids" and a.random_range_ratio == 0.5
                for a in runs)
     for c in (1, 64):
