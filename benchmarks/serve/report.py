@@ -9,6 +9,8 @@ baseline, same run), graph capture time and memory from SGLang's log, the plugin
 and SBO producer launches from /metrics, and, for --overlap-gating auto, the selector's decode
 decisions per mode against the graph replays per mode counted by the probe plugin (outside
 sglang-overlap). The planted-bug server (`planted`) passes only if that check FAILS on it.
+Below the table: each server's CPU time per output token during each bench_serving run, by
+process (where the records hold it: bench_many.py --watch-pid).
 
 Token criterion (fp8, random weights): a prompt passes when its greedy ids equal the baseline's,
 or first differ at a position where the baseline's top-2 log-probabilities are within
@@ -80,6 +82,44 @@ def fmt_counts(counts: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items())) or "-"
 
 
+CPU_GROUPS = (("scheduler", "sglang::scheduler"), ("main", "main"),
+              ("detokenizer", "sglang::detokenizer"))
+
+
+def cpu_per_token(bench: dict[str, Any]) -> dict[str, float] | None:
+    """One bench_serving record's CPU milliseconds per output token by process group (the
+    scheduler processes, the server's main process, the detokenizer, "other": the rest); None
+    where the record has no CPU reading or no output tokens."""
+    cpu, tokens = bench.get("cpu_s"), bench.get("total_output_tokens")
+    if not cpu or not tokens:
+        return None
+    out = {g: 0.0 for g, _ in CPU_GROUPS} | {"other": 0.0}
+    for title, secs in cpu.items():
+        group = next((g for g, prefix in CPU_GROUPS if title.startswith(prefix)), "other")
+        out[group] += secs * 1e3 / tokens
+    return out
+
+
+def cpu_table(recs: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines: per server and concurrency, CPU ms per output token by process group."""
+    rows = {name: {c: v for c, b in r.get("bench", {}).items()
+                   if (v := cpu_per_token(b)) is not None} for name, r in recs.items()}
+    concs = sorted({int(c) for per in rows.values() for c in per})
+    if not concs:
+        return []
+    groups = [g for g, _ in CPU_GROUPS] + ["other"]
+    lines = ["", "CPU ms per output token during bench_serving (user + system, all threads): "
+             + " / ".join(groups), "",
+             "| server | " + " | ".join(f"c={c}" for c in concs) + " |",
+             "|" + "---|" * (1 + len(concs))]
+    for name, per in rows.items():
+        if per:
+            lines.append(f"| {name} | " + " | ".join(
+                " / ".join(f"{per[str(c)][g]:.2f}" for g in groups) if str(c) in per else "-"
+                for c in concs) + " |")
+    return lines
+
+
 def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tuple[str, bool]:
     lines, all_ok = [], True
     if kernels:
@@ -137,6 +177,7 @@ def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tup
             if (r.get("gpu_used_mib_before") or 0) > HELD_MIB]
     if held:  # its timings share the GPU with what an earlier server left
         lines.append(f"\nGPU memory already in use when a server started: {', '.join(held)}")
+    lines += cpu_table(recs)
     return "\n".join(lines), all_ok
 
 

@@ -162,23 +162,28 @@ def generate(url: str, texts: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def bench(port: int, model: str, levels: list[int], out: Path) -> dict[str, Any]:
+def bench(port: int, model: str, levels: list[int], out: Path,
+          pid: int | None = None) -> dict[str, Any]:
     """SGLang's bench_serving at each concurrency, one process for all (bench_many.py): random
     token ids (input 128-256, output 64), 8 x concurrency prompts (at least 16). Returns
-    {str(concurrency): record}; raises RuntimeError naming the concurrency's log where
-    bench_serving wrote no record."""
+    {str(concurrency): record}, each with "cpu_s" where `pid` (the server's process) was given:
+    the CPU seconds its processes spent in that run, by title. Raises RuntimeError naming the
+    concurrency's log where bench_serving wrote no record."""
     cmd = [sys.executable, str(Path(__file__).with_name("bench_many.py")),
-           "--concurrency", ",".join(map(str, levels)), "--out", str(out), "--",
+           "--concurrency", ",".join(map(str, levels)), "--out", str(out),
+           *(["--watch-pid", str(pid)] if pid else []), "--",
            "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port), "--model", model,
            "--tokenizer", model, "--dataset-name", "random-ids", "--random-input-len", "256",
            "--random-output-len", "64", "--random-range-ratio", "0.5", "--disable-tqdm",
            "--seed", "1"]
     for c in levels:  # bench_serving appends: an earlier call's record must not stand in
         Path(f"{out}_c{c}.jsonl").unlink(missing_ok=True)
+        Path(f"{out}_c{c}.cpu.json").unlink(missing_ok=True)
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                    timeout=120 + 120 * len(levels), check=False)
     keep = ("median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_ttft_ms", "median_tpot_ms",
-            "output_throughput", "request_throughput", "completed", "duration")
+            "output_throughput", "request_throughput", "completed", "duration",
+            "total_output_tokens")
     recs: dict[str, Any] = {}
     for c in levels:
         res = Path(f"{out}_c{c}.jsonl")
@@ -187,6 +192,9 @@ def bench(port: int, model: str, levels: list[int], out: Path) -> dict[str, Any]
             raise RuntimeError(f"bench_serving at concurrency {c} wrote no record: {out}_c{c}.log")
         rec = json.loads(lines[-1])
         recs[str(c)] = {k: rec.get(k) for k in keep}
+        cpu = Path(f"{out}_c{c}.cpu.json")
+        if pid and cpu.is_file():
+            recs[str(c)]["cpu_s"] = json.loads(cpu.read_text())
     return recs
 
 
@@ -305,7 +313,7 @@ def run_server(name: str, spec: ServerSpec, args: argparse.Namespace, port: int)
         rec["tokens_batch"] = generate(url, BATCH)
         rec["tokens_single"] = [row for p in PROMPTS for row in generate(url, [p])]
         rec["gpu_before_bench"] = gpu_state()
-        rec["bench"] = bench(port, args.model, args.concurrency, out / f"bench_{name}")
+        rec["bench"] = bench(port, args.model, args.concurrency, out / f"bench_{name}", proc.pid)
         rec["gpu_after_bench"] = gpu_state()
         time.sleep(1)
         rec["metrics"] = [line for line in str(http(f"{url}/metrics")).splitlines()

@@ -5,6 +5,7 @@ serve suite passes, once per concurrency in one process; only the run itself is 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,111 @@ def bench_many_args(flags: list[str]) -> Any:
     finally:
         serving.run_benchmark = saved
     return seen[0]
+
+
+def test_tree_cpu_seconds_agrees_with_psutil_on_a_busy_child() -> None:
+    """A child that burns CPU is read under its title with the seconds psutil (an independent
+    reader of the same kernel counters) gives, and the parent's own time under `main`."""
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    burn = ("import time, sys\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+            "sys.stdout.write('done\\n'); sys.stdout.flush(); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        time.sleep(0.05)
+        got = bench_many.tree_cpu_seconds(os.getpid())
+        times = psutil.Process(child.pid).cpu_times()
+        mine = psutil.Process().cpu_times()
+    finally:
+        child.kill()
+        child.wait()
+    assert got[sys.executable] == pytest.approx(times.user + times.system, abs=0.02)
+    assert got[sys.executable] >= 0.39
+    assert got["main"] == pytest.approx(mine.user + mine.system, abs=0.05)
+    assert bench_many.tree_cpu_seconds(child.pid) == {}  # gone
+
+
+def fake_proc(root: Path, pid: int, ppid: int, comm: str, ticks: tuple[int, int],
+              cmdline: bytes | None) -> None:
+    d = root / str(pid)
+    d.mkdir()
+    rest = ["S", str(ppid)] + ["0"] * 9 + [str(ticks[0]), str(ticks[1])] + ["0"] * 30
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
+    if cmdline is not None:
+        (d / "cmdline").write_bytes(cmdline)
+
+
+def test_tree_cpu_seconds_sums_the_tree_by_title(tmp_path: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    fake_proc(tmp_path, 10, 1, "python3", (3 * tick, tick), b"python3\0-c\0x\0")
+    fake_proc(tmp_path, 11, 10, "sglang::sched) x", (tick, 0), b"sglang::scheduler_TP0" + b" " * 8)
+    fake_proc(tmp_path, 12, 10, "sglang::detoken", (0, tick // 2), b"sglang::detokenizer\0")
+    fake_proc(tmp_path, 13, 11, "python3", (tick, tick), b"/usr/bin/python3\0-c\0")
+    fake_proc(tmp_path, 14, 11, "python3", (tick, 0), b"/usr/bin/python3\0")
+    fake_proc(tmp_path, 15, 13, "gone", (tick, 0), None)  # ended between the two reads
+    fake_proc(tmp_path, 20, 1, "other", (9 * tick, 0), b"other\0")  # not below the root
+    (tmp_path / "self").mkdir()
+    got = bench_many.tree_cpu_seconds(10, tmp_path)
+    assert got == {"main": 4.0, "sglang::scheduler_TP0": 1.0, "sglang::detokenizer": 0.5,
+                   "/usr/bin/python3": 3.0}
+    assert bench_many.tree_cpu_seconds(99, tmp_path) == {}
+
+
+def test_cpu_delta_counts_new_titles_from_zero() -> None:
+    assert bench_many.cpu_delta({"a": 1.0, "gone": 5.0}, {"a": 1.25, "new": 0.5}) == {
+        "a": 0.25, "new": 0.5}
+
+
+def test_watch_pid_writes_each_runs_cpu_seconds(runs: list[Any], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([{"main": 1.0}, {"main": 1.5, "sglang::scheduler_TP0": 2.0},
+                     {"main": 2.0}, {"main": 4.0}])
+    seen: list[int] = []
+
+    def read(pid: int) -> dict[str, float]:
+        seen.append(pid)
+        return next(readings)
+
+    monkeypatch.setattr(bench_many, "tree_cpu_seconds", read)
+    out = tmp_path / "b"
+    assert bench_many.main(["--concurrency", "1,64", "--out", str(out), "--watch-pid", "4242",
+                            "--", *FLAGS]) == 0
+    assert seen == [4242] * 4
+    assert json.loads(Path(f"{out}_c1.cpu.json").read_text()) == {
+        "main": 0.5, "sglang::scheduler_TP0": 2.0}
+    assert json.loads(Path(f"{out}_c64.cpu.json").read_text()) == {"main": 2.0}
+    other = tmp_path / "n"
+    assert bench_many.main(["--concurrency", "1", "--out", str(other), "--", *FLAGS]) == 0
+    assert not Path(f"{other}_c1.cpu.json").exists() and len(seen) == 4
+
+
+def test_the_serve_suite_watches_the_server_and_keeps_its_cpu(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    import subprocess
+
+    from benchmarks.serve import serve_suite
+
+    out = tmp_path / "bench_base"
+    Path(f"{out}_c16.cpu.json").write_text(json.dumps({"main": 9.0}))  # an earlier call's
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> Any:
+        calls.append(cmd)
+        for c in (1, 16):
+            Path(f"{out}_c{c}.jsonl").write_text(json.dumps(
+                {"median_itl_ms": 2.0, "total_output_tokens": 100 * c}) + "\n")
+        Path(f"{out}_c1.cpu.json").write_text(json.dumps({"main": 0.25}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(serve_suite.subprocess, "run", run)
+    got = serve_suite.bench(30000, "/m", [1, 16], out, pid=777)
+    assert calls[0][2:9] == ["--concurrency", "1,16", "--out", str(out), "--watch-pid", "777",
+                             "--"]
+    assert got["1"] == {**dict.fromkeys(got["1"]), "median_itl_ms": 2.0,
+                        "total_output_tokens": 100, "cpu_s": {"main": 0.25}}
+    assert "cpu_s" not in got["16"] and got["16"]["total_output_tokens"] == 1600

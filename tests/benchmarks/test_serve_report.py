@@ -216,3 +216,23 @@ def test_gpu_used_mib_sums_every_gpu(tmp_path, monkeypatch, answer: str, want: i
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert serve_suite.gpu_used_mib() == want
+
+
+def test_cpu_per_output_token_by_process_group() -> None:
+    b = {"total_output_tokens": 500, "cpu_s": {"sglang::scheduler_TP0": 1.0, "main": 0.25,
+                                                 "sglang::detokenizer": 0.05, "python3": 0.1,
+                                                 "sglang::scheduler_TP1": 0.5}}
+    assert report.cpu_per_token(b) == pytest.approx(
+        {"scheduler": 3.0, "main": 0.5, "detokenizer": 0.1, "other": 0.2})
+    assert report.cpu_per_token({"total_output_tokens": 500}) is None
+    assert report.cpu_per_token({"cpu_s": {"main": 1.0}, "total_output_tokens": 0}) is None
+    base = rec("base", ids=[1, 2])
+    plugin = rec("plugin", ids=[1, 2])
+    base["bench"] = {"1": {"median_itl_ms": 2.0, "output_throughput": 100.0, **b},
+                     "64": {"median_itl_ms": 9.0, "output_throughput": 900.0}}
+    text, ok = report.table({"base": base, "plugin": plugin}, [])
+    assert ok
+    lines = text.splitlines()
+    assert lines[-3:] == ["| server | c=1 |", "|---|---|", "| base | 3.00 / 0.50 / 0.10 / 0.20 |"]
+    assert lines[-5].endswith("scheduler / main / detokenizer / other")
+    assert "CPU ms" not in report.table({"plugin": plugin}, [])[0]
