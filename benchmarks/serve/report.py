@@ -120,9 +120,15 @@ def cpu_table(recs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def table(recs: dict[str, dict[str, Any]], kernels: list[dict[str, Any]]) -> tuple[str, bool]:
+def table(recs: dict[str, dict[str, Any]],
+          kernels: list[dict[str, Any]] | dict[str, str]) -> tuple[str, bool]:
+    """The markdown table and whether every check passed. `kernels`: stage.sh's kernel checks
+    (stack.json's "kernels": a list of rows, or {"skipped": why} under STAGE_CHECKS=0)."""
     lines, all_ok = [], True
-    if kernels:
+    if isinstance(kernels, dict):
+        why = kernels.get("skipped", kernels)
+        lines.append(f"Kernels on the staged stack: not checked ({why})")
+    elif kernels:
         lines.append("Kernels on the staged stack: " + ", ".join(
             f"{k['check']} {'ok' if k['ok'] else 'FAIL'}"
             + (f" ({k['rel_err']:.1e})" if "rel_err" in k and k["bound"] < 1 else "")

@@ -236,3 +236,18 @@ def test_cpu_per_output_token_by_process_group() -> None:
     assert lines[-3:] == ["| server | c=1 |", "|---|---|", "| base | 3.00 / 0.50 / 0.10 / 0.20 |"]
     assert lines[-5].endswith("scheduler / main / detokenizer / other")
     assert "CPU ms" not in report.table({"plugin": plugin}, [])[0]
+
+
+def test_kernel_checks_skipped_at_staging_are_said_not_crashed_on(tmp_path) -> None:
+    """stage.sh under STAGE_CHECKS=0 writes {"skipped": ...} for the kernels (the H100 run of
+    2026-12-08 crashed the report on it)."""
+    import json
+
+    base = rec("base", ids=[1, 2])
+    (tmp_path / "serve_base.json").write_text(json.dumps(base))
+    (tmp_path / "stack.json").write_text(json.dumps({"kernels": {"skipped": "STAGE_CHECKS=0"}}))
+    assert report.main([str(tmp_path), "--json", str(tmp_path / "all.json")]) == 0
+    text, ok = report.table({"base": base}, {"skipped": "STAGE_CHECKS=0"})
+    assert ok and text.startswith("Kernels on the staged stack: not checked (STAGE_CHECKS=0)")
+    text, ok = report.table({"base": base}, [{"check": "rmsnorm", "ok": False, "bound": 1}])
+    assert not ok and text.startswith("Kernels on the staged stack: rmsnorm FAIL")
