@@ -10,7 +10,8 @@ and SBO producer launches from /metrics, and, for --overlap-gating auto, the sel
 decisions per mode against the graph replays per mode counted by the probe plugin (outside
 sglang-overlap). The planted-bug server (`planted`) passes only if that check FAILS on it.
 Below the table: each server's CPU time per output token during each bench_serving run, by
-process (where the records hold it: bench_many.py --watch-pid).
+process (where the records hold it: bench_many.py --watch-pid), and its mean forward step by
+kind, host and GPU time (the probe's).
 
 Token criterion (fp8, random weights): a prompt passes when its greedy ids equal the baseline's,
 or first differ at a position where the baseline's top-2 log-probabilities are within
@@ -120,6 +121,35 @@ def cpu_table(recs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+STEP_KINDS = ("decode bs=1", "decode bs=64", "prefill")
+
+
+def step_times(rec: dict[str, Any]) -> dict[str, tuple[float, float | None, int]]:
+    """Per step kind the probe timed (STEP_KINDS): (mean host ms, mean GPU ms or None, steps)."""
+    out = {}
+    for kind in STEP_KINDS:
+        row = ((rec.get("graphs") or {}).get("steps") or {}).get(kind)
+        if row and row.get("n"):
+            gpu = row["gpu_ms"] / row["gpu_n"] if row.get("gpu_n") else None
+            out[kind] = (row["host_s"] * 1e3 / row["n"], gpu, int(row["n"]))
+    return out
+
+
+def steps_table(recs: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines: each server's mean forward step, host and GPU, by kind (the probe's)."""
+    rows = {name: t for name, r in recs.items() if (t := step_times(r))}
+    if not rows:
+        return []
+    lines = ["", "Forward steps timed by the probe (every server): mean host ms / GPU ms (steps)",
+             "", "| server | " + " | ".join(STEP_KINDS) + " |",
+             "|" + "---|" * (1 + len(STEP_KINDS))]
+    for name, t in rows.items():
+        cells = [f"{t[k][0]:.2f} / " + (f"{t[k][1]:.2f}" if t[k][1] is not None else "-")
+                 + f" ({t[k][2]})" if k in t else "-" for k in STEP_KINDS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(recs: dict[str, dict[str, Any]],
           kernels: list[dict[str, Any]] | dict[str, str]) -> tuple[str, bool]:
     """The markdown table and whether every check passed. `kernels`: stage.sh's kernel checks
@@ -184,6 +214,7 @@ def table(recs: dict[str, dict[str, Any]],
     if held:  # its timings share the GPU with what an earlier server left
         lines.append(f"\nGPU memory already in use when a server started: {', '.join(held)}")
     lines += cpu_table(recs)
+    lines += steps_table(recs)
     return "\n".join(lines), all_ok
 
 

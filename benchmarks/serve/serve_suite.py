@@ -198,13 +198,19 @@ def bench(port: int, model: str, levels: list[int], out: Path,
     return recs
 
 
-def probe_counts(probe_dir: Path) -> dict[str, dict[str, int]]:
-    total: dict[str, dict[str, int]] = {"captures": {}, "replays": {}}
+def probe_counts(probe_dir: Path) -> dict[str, Any]:
+    """The probe's files of every process summed: {"captures": {label: n}, "replays": {label:
+    n}, "steps": {kind: {"n", "host_s", "gpu_n", "gpu_ms"}}} (sglang_serve_probe's format)."""
+    total: dict[str, Any] = {"captures": {}, "replays": {}, "steps": {}}
     for p in probe_dir.glob("graphs-*.json"):
         snap = json.loads(p.read_text())
-        for k in total:
+        for k in ("captures", "replays"):
             for label, n in snap.get(k, {}).items():
                 total[k][label] = total[k].get(label, 0) + n
+        for kind, row in snap.get("steps", {}).items():
+            into = total["steps"].setdefault(kind, {})
+            for field_, v in row.items():
+                into[field_] = into.get(field_, 0) + v
     return total
 
 
