@@ -165,3 +165,59 @@ def test_step_kind_of_sglangs_own_forward_modes(probe: Any) -> None:
                        fbi.ForwardMode.IDLE)}
     assert kinds == {"EXTEND": "prefill", "MIXED": "prefill", "DECODE": "decode bs=4",
                      "IDLE": None}
+
+
+def test_a_replay_inside_a_timed_step_is_saved_after_the_steps_time(
+        probe: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file write of a replay is not part of the step's timed window, yet the file is
+    current whenever the step hands back to SGLang; a replay outside a timed step (a draft
+    model's) is saved at once."""
+    monkeypatch.setattr(probe, "_event", lambda: None)
+
+    def saved() -> dict[str, Any]:
+        files = list(tmp_path.glob("graphs-*.json"))
+        return json.loads(files[0].read_text()) if files else {}
+
+    key = SimpleNamespace(variant_label="overlap:sbo")
+    seen_inside: list[dict[str, Any]] = []
+
+    def orig(self: Any, fb: Any) -> str:
+        probe._replay(lambda s, k: None, None, key)
+        seen_inside.append(saved())
+        return "out"
+
+    assert probe._forward(orig, SimpleNamespace(), batch("decode", 2)) == "out"
+    assert seen_inside == [{}]  # not written inside the timed window
+    got = saved()
+    assert got["replays"] == {"overlap:sbo": 1} and got["steps"]["decode bs=2"]["n"] == 1
+    probe._forward(orig, SimpleNamespace(is_draft_worker=True), batch("decode", 2))
+    assert seen_inside[-1]["replays"] == {"overlap:sbo": 2}  # untimed: saved by the replay
+
+    def boom(self: Any, fb: Any) -> None:
+        raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        probe._forward(boom, SimpleNamespace(), batch("extend"))
+    assert probe._timing == [0]
+    probe._replay(lambda s, k: None, None, key)
+    assert saved()["replays"] == {"overlap:sbo": 3}
+
+
+def test_event_records_on_cuda_where_there_is_one(probe: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert probe._cuda() is torch.cuda
+    recorded: list[dict[str, Any]] = []
+
+    class FakeEvent:
+        def __init__(self, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+
+        def record(self) -> None:
+            recorded.append(self.kwargs)
+
+    monkeypatch.setattr(probe, "_cuda", lambda: SimpleNamespace(Event=FakeEvent))
+    assert isinstance(probe._event(), FakeEvent) and recorded == [{"enable_timing": True}]
+    monkeypatch.setattr(probe, "_cuda", lambda: None)
+    assert probe._event() is None

@@ -10,7 +10,8 @@ completed (`Event.query`, never a sync), in ms. The same account on every server
 not, so a run can tell where a server's step time goes.
 
 With SGLANG_SERVE_PROBE_DIR set, each process rewrites `<dir>/graphs-<pid>.json` after every
-capture, replay and prefill step: {"pid", "captures": {label: n}, "replays": {label: n}, "steps":
+capture, timed step and replay outside a timed step (a replay inside one is saved when the step
+returns, after its time is taken): {"pid", "captures": {label: n}, "replays": {label: n}, "steps":
 {kind: {"n", "host_s", "gpu_n", "gpu_ms"}}} where label is the key's `variant_label` (the overlap
 mode of sglang-overlap's graph sets, e.g. "overlap:sbo"; "" for SGLang's own single set), and
 each step kind holds sums: n steps, host_s seconds over them, gpu_ms over the gpu_n whose events
@@ -18,6 +19,7 @@ have completed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -30,6 +32,7 @@ FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 _counts: dict[str, Counter[str]] = {"captures": Counter(), "replays": Counter()}
 _steps: dict[str, dict[str, float]] = {}
 _pending: list[tuple[str, Any, Any]] = []  # (kind, start, end) events not yet read
+_timing = [0]  # timed forward steps running now (their replays' file write waits for them)
 
 
 def _label(shape_key: Any) -> str:
@@ -57,7 +60,8 @@ def _capture_one(orig: Any, self: Any, shape_key: Any, *args: Any, **kwargs: Any
 def _replay(orig: Any, self: Any, shape_key: Any, *args: Any, **kwargs: Any) -> Any:
     out = orig(self, shape_key, *args, **kwargs)
     _counts["replays"][_label(shape_key)] += 1
-    _save()
+    if not _timing[0]:  # inside a timed step, the step saves once its time is taken
+        _save()
     return out
 
 
@@ -71,13 +75,20 @@ def step_kind(forward_batch: Any) -> str | None:
     return None
 
 
-def _event() -> Any:
-    """A recorded timing CUDA event on the current stream; None without CUDA."""
+@functools.cache
+def _cuda() -> Any:
+    """torch.cuda where a GPU is there, else None (asked once: `_event` runs every step)."""
     import torch
 
-    if not torch.cuda.is_available():
+    return torch.cuda if torch.cuda.is_available() else None
+
+
+def _event() -> Any:
+    """A recorded timing CUDA event on the current stream; None without CUDA."""
+    cuda = _cuda()
+    if cuda is None:
         return None
-    event = torch.cuda.Event(enable_timing=True)
+    event = cuda.Event(enable_timing=True)
     event.record()
     return event
 
@@ -96,7 +107,11 @@ def _forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any
     if kind is None:
         return orig(self, forward_batch, *args, **kwargs)
     start, t0 = _event(), time.perf_counter()
-    out = orig(self, forward_batch, *args, **kwargs)
+    _timing[0] += 1
+    try:
+        out = orig(self, forward_batch, *args, **kwargs)
+    finally:
+        _timing[0] -= 1
     host = time.perf_counter() - t0
     end = _event()
     row = _steps.setdefault(kind, {"n": 0, "host_s": 0.0, "gpu_n": 0, "gpu_ms": 0.0})
@@ -105,8 +120,7 @@ def _forward(orig: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any
     if start is not None:
         _pending.append((kind, start, end))
     drain()
-    if kind == "prefill":  # decode steps are saved by their replay
-        _save()
+    _save()  # after the timed window: the file write is not part of the step's time
     return out
 
 
